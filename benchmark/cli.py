@@ -1,0 +1,187 @@
+"""`dfbench` command line. Thin: parse, then call library functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import ConfigError, DataConfig, EvalConfig, RunConfig, TrainConfig, apply_overrides, parse_value
+
+DEFAULT_OUT = "results/runs"
+
+
+def _kv(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE (e.g. method.mu=0.01), got {text!r}")
+    k, v = text.split("=", 1)
+    return k.strip(), parse_value(v.strip())
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    d, t, e = DataConfig(), TrainConfig(), EvalConfig()
+    p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 (default {d.dataset})")
+    p.add_argument("--method", default="fedavg", help="a registered method (see `dfbench methods`)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clients", type=int, default=d.clients)
+    p.add_argument("--rounds", type=int, default=t.rounds, help="communication rounds; 0 evaluates the untrained model")
+    p.add_argument("--local-steps", type=int, default=t.local_steps)
+    p.add_argument("--batch-size", type=int, default=t.batch_size)
+    p.add_argument("--lr", type=float, default=t.lr)
+    p.add_argument("--partition", default=d.partition, help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K")
+    p.add_argument("--eval-samples", type=int, default=e.samples)
+    p.add_argument("--sampler-steps", type=int, default=e.sampler_steps)
+    p.add_argument("--data-root", default=None, help="data folder (else $DFBENCH_DATA, the system path, download)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
+                   help="any config field, e.g. method.mu=0.01, train.objective=fm, system.participation=0.5 (repeatable)")
+
+
+def config_from_args(a: argparse.Namespace) -> RunConfig:
+    base = RunConfig(method="fedavg")
+    items: dict[str, Any] = {
+        "data.dataset": a.dataset, "data.clients": a.clients, "data.partition": a.partition, "data.root": a.data_root,
+        "train.rounds": a.rounds, "train.local_steps": a.local_steps, "train.batch_size": a.batch_size, "train.lr": a.lr,
+        "eval.samples": a.eval_samples, "eval.sampler_steps": a.sampler_steps, "seed": a.seed, "device": a.device,
+    }
+    items.update(dict(a.overrides))
+    method_items = {k: v for k, v in items.items() if k.startswith("method.")}
+    other = {k: v for k, v in items.items() if not k.startswith("method.")}
+    # Validate everything else first with the default method, then the method and its params.
+    cfg = apply_overrides(base, other)
+    return apply_overrides(RunConfig(**{**_fields(cfg), "method": a.method, "method_params": {}}), method_items)
+
+
+def _fields(cfg: RunConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in ("seed", "data", "train", "system", "eval", "checkpoint_every", "device")}
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    cfg = config_from_args(a)
+    if a.dry_run:
+        print(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}, indent=2))
+        return 0
+    from . import distributed
+    from .loop import run
+    from .results import read_status
+
+    distributed.init_from_env(cfg.device)
+    d = run(cfg, a.out, force=a.force, progress=not a.no_progress)
+    if distributed.rank_world()[0] == 0:
+        st = read_status(d) or {}
+        if st.get("evaluation_pending"):
+            print(f"note: evaluation pending: {st['evaluation_pending']}", file=sys.stderr)
+        if st.get("state") == "diverged":
+            print(f"run diverged: {st.get('error')}", file=sys.stderr)
+        print(d)
+    distributed.shutdown()
+    return 0
+
+
+def cmd_methods(a: argparse.Namespace) -> int:
+    import methods
+
+    for name in methods.list_methods(a.pattern):
+        cls = methods.get_method_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"{name}: {doc}")
+        for hp, typ, default in methods.method_help(name):
+            print(f"    method.{hp} ({typ}, default {default!r})")
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import build_report
+
+    paths = build_report(a.runs, a.out)
+    for k, v in paths.items():
+        print(f"{k}: {v}")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from .evaluate_run import evaluate_dir
+
+    for row in evaluate_dir(a.run_dir):
+        print(f"{row['metric']}: {row['value']:.4f} ({row['extractor']}, {row['num_samples']} samples)")
+    return 0
+
+
+def cmd_fid(a: argparse.Namespace) -> int:
+    from .evaluation import fid_between
+
+    out = fid_between(a.a, a.b, extractor=a.extractor, weights=a.inception_weights, device=a.device)
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+def cmd_fid_ref(a: argparse.Namespace) -> int:
+    from .evaluation import get_extractor, reference_stats
+
+    ex = get_extractor(a.extractor, weights=a.inception_weights, device=a.device)
+    mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
+    print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dfbench", description="Benchmark of federated and decentralized training schemes for diffusion models.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train and evaluate one run (prints the run folder as its last line)")
+    add_run_args(r)
+    r.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
+    r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    r.add_argument("--force", action="store_true", help="delete the run folder and start over")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_run)
+
+    m = sub.add_parser("methods", help="list registered methods and their hyperparameters")
+    m.add_argument("pattern", nargs="?", default="*")
+    m.set_defaults(func=cmd_methods)
+
+    rep = sub.add_parser("report", help="leaderboard (md/csv/html), plots and grid mosaics from run folders")
+    rep.add_argument("--runs", default=DEFAULT_OUT)
+    rep.add_argument("--out", default="results")
+    rep.set_defaults(func=cmd_report)
+
+    ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)")
+    ev.add_argument("run_dir")
+    ev.set_defaults(func=cmd_eval)
+
+    f = sub.add_parser("fid", help="distance between two image sets (folders of PNGs or .npz arrays)")
+    f.add_argument("a")
+    f.add_argument("b")
+    f.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist"])
+    f.add_argument("--inception-weights", default=None)
+    f.add_argument("--device", default="cpu")
+    f.set_defaults(func=cmd_fid)
+
+    fr = sub.add_parser("fid-ref", help="compute and cache reference statistics")
+    fr.add_argument("--dataset", required=True)
+    fr.add_argument("--split", default="train", choices=["train", "test"])
+    fr.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist"])
+    fr.add_argument("--inception-weights", default=None)
+    fr.add_argument("--data-root", default=None)
+    fr.add_argument("--device", default="cpu")
+    fr.set_defaults(func=cmd_fid_ref)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        print(f"dfbench: config error: {err}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"dfbench: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

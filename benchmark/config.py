@@ -1,0 +1,309 @@
+"""Run configuration: frozen dataclasses, validated when built.
+
+A run is fully described by one `RunConfig`. Everything that changes the result
+is in it (and therefore in the run id); where a run is written and which device
+it uses are not (see `NON_RESULT_KEYS`).
+
+Dotted keys address fields for `--set KEY=VALUE`: `train.lr=1e-3`,
+`system.participation=0.5`, `method.mu=0.01`, `eval.samples=500`, `seed=3`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Mapping
+
+DATASETS = ("fmnist", "svhn", "cifar10")
+Objective = Literal["ddpm", "fm"]
+Schedule = Literal["linear", "cosine"]
+Sampler = Literal["auto", "ddim", "euler", "heun"]
+Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and the allowed values."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "fmnist"
+    partition: str = "iid"  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
+    clients: int = 10
+    min_client_size: int = 8  # a partition giving a client fewer samples is retried, then refused
+    root: str | None = None  # explicit data folder (else DFBENCH_DATA, the system path, download)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    rounds: int = 10
+    local_steps: int = 20
+    batch_size: int = 64
+    lr: float = 1e-3
+    objective: Objective = "ddpm"
+    schedule: Schedule = "cosine"
+    timesteps: int = 1000  # DDPM discretisation
+    model: Preset = "auto"
+    ema: float = 0.0  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
+    grad_clip: float = 1.0  # max global grad norm per local step (0 = off)
+    sigma1_probe_steps: int = 4  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    participation: float = 1.0  # fraction of clients sampled each round
+    dropout: float = 0.0  # probability that a sampled client drops out of the round
+    stragglers: float = 0.0  # fraction of clients that run fewer local steps
+    straggler_steps: float = 0.5  # a straggler runs ceil(this * local_steps) steps
+    capacity: str = ""  # capacity tiers "KEEP:FRACTION,...", e.g. "1.0:0.5,0.5:0.5" (pruning methods)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    samples: int = 1000
+    sampler: Sampler = "auto"  # auto = ddim for ddpm, heun for fm
+    sampler_steps: int = 20
+    metrics: str = "auto"  # comma list (fd_fmnist, fid, kid, fid_clean), auto, or none (no scoring)
+    reference_split: Literal["train", "test"] = "train"
+    noise_seed: int = 0  # the fixed noises: shared by every run of a dataset, independent of `seed`
+    grid: int = 8  # grid side: grid x grid samples in grid.png
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    method: str = "fedavg"
+    method_params: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every: int = 5  # rounds between checkpoints (and always at the end)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        # Freeze the method params so the whole config is hashable and immutable.
+        object.__setattr__(self, "method_params", types.MappingProxyType(dict(self.method_params)))
+        validate(self)
+
+    # -- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                out[f.name] = dataclasses.asdict(v)
+            elif isinstance(v, Mapping):
+                out[f.name] = dict(v)
+            else:
+                out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        sections = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig}
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"run_id", "version"}
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {sorted(unknown)}; valid top-level keys: {sorted(known)}")
+        kw: dict[str, Any] = {}
+        for k, v in d.items():
+            if k in sections:
+                sec = sections[k]
+                names = {f.name for f in fields(sec)}
+                bad = set(v) - names
+                if bad:
+                    raise ConfigError(f"unknown key(s) {sorted(f'{k}.{b}' for b in bad)}; valid: {sorted(f'{k}.{n}' for n in names)}")
+                kw[k] = sec(**{n: _coerce(f"{k}.{n}", _field_type(sec, n), x) for n, x in v.items()})
+            elif k in known:
+                kw[k] = v
+        return cls(**kw)
+
+    def run_id(self) -> str:
+        """Seed plus a hash of everything that changes the result (device and paths excluded)."""
+        return f"s{self.seed}-{config_hash(self)}"
+
+    def flat(self) -> dict[str, Any]:
+        """A flat dict for reports: dataset, partition, method, method_params, budget."""
+        d = {
+            "dataset": self.data.dataset, "partition": self.data.partition, "method": self.method,
+            "method_params": dict(self.method_params), "seed": self.seed, "clients": self.data.clients,
+            "rounds": self.train.rounds, "local_steps": self.train.local_steps,
+            "batch_size": self.train.batch_size, "lr": self.train.lr, "objective": self.train.objective,
+            "participation": self.system.participation, "dropout": self.system.dropout,
+            "stragglers": self.system.stragglers, "capacity": self.system.capacity,
+            "eval_samples": self.eval.samples, "sampler_steps": self.eval.sampler_steps,
+        }
+        return d
+
+
+NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every")
+
+
+def config_hash(cfg: RunConfig) -> str:
+    d = cfg.to_dict()
+    d.pop("device", None)
+    d.pop("checkpoint_every", None)
+    d["data"].pop("root", None)
+    blob = json.dumps(d, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+# -- validation ---------------------------------------------------------------
+
+def _check(cond: bool, key: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every check that can be made without loading data, so bad input fails before any work."""
+    d, t, s, e = cfg.data, cfg.train, cfg.system, cfg.eval
+    _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
+    _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
+    _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
+    _check(t.rounds >= 0, "train.rounds", t.rounds, "an integer >= 0 (0 evaluates the untrained model)")
+    _check(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
+    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
+    _check(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
+    _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
+    _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
+    _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
+    _check(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
+    _check(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
+    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
+    _check(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
+    _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
+    _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
+    _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
+    _check(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
+    parse_capacity(s.capacity)
+    _check(e.samples >= 1, "eval.samples", e.samples, "an integer >= 1")
+    _check(e.sampler in typing.get_args(Sampler), "eval.sampler", e.sampler, "auto, ddim, euler, heun")
+    if e.sampler != "auto":
+        ok = (e.sampler == "ddim") == (t.objective == "ddpm")
+        _check(ok, "eval.sampler", e.sampler, "ddim for objective ddpm; euler or heun for objective fm")
+    _check(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
+    _check(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
+    _check(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
+    _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
+    _check(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
+    # Partition spec and method name / hyperparameters are checked by their owners.
+    from datasets import parse_partition
+
+    try:
+        parse_partition(d.partition)
+    except ValueError as err:
+        raise ConfigError(f"invalid value for 'data.partition': {err}") from None
+    from methods import method_config
+
+    try:
+        method_config(cfg.method, dict(cfg.method_params))
+    except (KeyError, TypeError, ValueError) as err:
+        msg = err.args[0] if err.args else str(err)
+        raise ConfigError(msg) from None
+
+
+def parse_capacity(spec: str) -> list[tuple[float, float]]:
+    """Capacity tiers "KEEP:FRACTION,..." -> [(keep_ratio, client_fraction)]; fractions sum to 1."""
+    if not spec:
+        return []
+    tiers = []
+    for part in spec.split(","):
+        try:
+            keep_s, frac_s = part.split(":")
+            keep, frac = float(keep_s), float(frac_s)
+        except ValueError:
+            raise ConfigError(f"invalid value for 'system.capacity': {spec!r}; allowed: 'KEEP:FRACTION,...' e.g. '1.0:0.5,0.5:0.5'") from None
+        _check(0.0 < keep <= 1.0, "system.capacity", spec, "keep ratios in (0, 1]")
+        _check(0.0 < frac <= 1.0, "system.capacity", spec, "client fractions in (0, 1]")
+        tiers.append((keep, frac))
+    _check(abs(sum(f for _, f in tiers) - 1.0) < 1e-6, "system.capacity", spec, "client fractions that sum to 1")
+    return tiers
+
+
+# -- overrides ------------------------------------------------------------------
+
+_SECTIONS = ("data", "train", "system", "eval")
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _coerce(key: str, typ: Any, value: Any) -> Any:
+    """Convert a CLI string (or JSON value) to the field's type, with a clear error."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {', '.join(map(str, args))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid value for '{key}': {value!r}; expected {getattr(typ, '__name__', typ)}") from None
+    return value
+
+
+def parse_value(text: str) -> Any:
+    """Parse a `--set` value: JSON if it parses (numbers, true/false), else the raw string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
+    """Apply dotted overrides {'train.lr': 1e-3, 'method.mu': 0.01, 'seed': 1} and re-validate."""
+    top: dict[str, Any] = {}
+    secs: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    mparams = dict(cfg.method_params)
+    top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
+    for key, value in items.items():
+        head, _, rest = key.partition(".")
+        if head == "method" and rest:
+            mparams[rest] = value
+        elif head in _SECTIONS and rest:
+            sec_cls = type(getattr(cfg, head))
+            names = [f.name for f in fields(sec_cls)]
+            if rest not in names:
+                raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}")
+            secs[head][rest] = _coerce(key, _field_type(sec_cls, rest), value)
+        elif head in top_names and not rest:
+            top[head] = _coerce(key, _field_type(RunConfig, head), value)
+        else:
+            valid = sorted(top_names) + [f"{s}.<field>" for s in _SECTIONS] + ["method.<hyperparameter>"]
+            raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
+    new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
+    return replace(cfg, **top, **new_secs, method_params=mparams)

@@ -1,0 +1,207 @@
+"""The shared round loop. It knows nothing about any particular method.
+
+round r = 1..R:
+    sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
+    local training (the ONE shared step)  ->  update = local - start
+    upload = method.upload(update)        ->  method.accumulate(acc, upload)
+    all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
+    diagnostics, rounds.jsonl row, atomic checkpoint
+then: method.finalize, fixed-noise samples, grid.png, metrics, status.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import methods
+
+from . import distributed, results
+from .config import RunConfig
+from .context import RunContext, build_context, sample_round_clients
+from .train import local_train
+
+
+class Diverged(RuntimeError):
+    """The global model became non-finite."""
+
+
+def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, torch.Tensor]:
+    """Loop-owned sums for the diagnostics (Qiao et al. bound terms), all_reduce-able."""
+    p = state.params.reshape(-1, ctx.layout.total)
+    f64 = dict(dtype=torch.float64, device=p.device)
+    return {
+        "d_count": torch.zeros_like(p),  # clients that trained each parameter
+        "d_usum": torch.zeros_like(p),  # sum of updates (unweighted), for sigma_2^2
+        "d_usq": torch.zeros(p.shape[0], **f64),  # sum of ||update||^2
+        "d_n": torch.zeros(p.shape[0], **f64),  # updates per group
+        "d_scalars": torch.zeros(7, **f64),  # loss, w2, sigma1, sigma1_n, uplink, downlink, nonfinite
+    }
+
+
+def _client_rows(n: int) -> dict[str, list[Any]]:
+    return {"clients": [], "steps": [], "client_loss": []}
+
+
+def train_round(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int) -> tuple[methods.ServerState, dict[str, Any]]:
+    """One communication round; returns the new state and the rounds.jsonl row."""
+    t0 = time.perf_counter()
+    cfg = ctx.cfg
+    ctx.round = r
+    clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r)
+    # p_k = n_k / sum_j n_j over the round's clients (known to every rank: the client list is seeded)
+    ctx.round_weight = float(sum(ctx.client_sizes[k] for k in clients)) or 1.0
+    acc = method.new_accumulator(state, ctx)
+    acc.update(_diag_accumulator(state, ctx))
+    S = acc["d_scalars"]
+    per_client: dict[int, tuple[int, float]] = {}
+    for k in distributed.my_share(clients, ctx.rank, ctx.world):
+        plan = method.client_view(state, k, ctx)
+        steps = int(ctx.local_steps[k])
+        res = local_train(
+            ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(plan.objective),
+            steps=steps, batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=ctx.gen("client", r, k),
+            mask=plan.mask, prox_mu=plan.prox_mu, grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps,
+        )
+        up = method.upload(res.params, plan, k, state, ctx)
+        S[4] += up.uplink_bits
+        S[5] += plan.downlink_bits
+        per_client[k] = (steps, res.loss)
+        if not torch.isfinite(up.params).all():
+            S[6] += 1  # dropped from aggregation, counted (a diverging client must not poison the model)
+            continue
+        method.accumulate(acc, up, ctx)
+        g = up.group
+        update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
+        acc["d_count"][g].add_(up.mask if up.mask is not None else 1.0)
+        acc["d_usum"][g].add_(update)
+        acc["d_usq"][g] += update.double().square().sum()
+        acc["d_n"][g] += 1
+        if plan.mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client
+            theta = state.params.reshape(-1, ctx.layout.total)[g]
+            S[1] += float((theta * (1 - plan.mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30))
+        S[0] += res.loss
+        if res.sigma1_sq is not None:
+            S[2] += res.sigma1_sq
+            S[3] += 1
+    distributed.all_reduce_(acc)
+    per_client = distributed.gather_dict(per_client)
+    state = method.apply(state, acc, ctx)
+    n_ok = float(acc["d_n"].sum())
+    count = acc["d_count"]
+    active = acc["d_n"] > 0  # groups that received updates this round
+    gamma = int(count[active].min()) if n_ok else 0
+    usum, usq, nn_ = acc["d_usum"][active], acc["d_usq"][active], acc["d_n"][active]
+    # sigma_2^2: mean over clients of ||delta_k - mean(delta)||^2 = E||delta||^2 - ||E delta||^2 (per group, pooled)
+    sigma2 = float(((usq - usum.double().square().sum(1) / nn_).sum() / nn_.sum())) if n_ok >= 2 else None
+    row = {
+        "round": r,
+        "clients": sorted(per_client),
+        "steps": [per_client[k][0] for k in sorted(per_client)],
+        "client_loss": [round(per_client[k][1], 6) for k in sorted(per_client)],
+        "dropped_clients": dropped,
+        "loss": float(S[0] / n_ok) if n_ok else None,
+        "uplink_bits": int(S[4]),
+        "downlink_bits": int(S[5]),
+        "dropped_updates": int(S[6]),
+        "gamma": gamma,
+        "uncovered_fraction": float((count[active] == 0).double().mean()) if n_ok else 1.0,
+        "w2": float(S[1] / n_ok) if n_ok else 0.0,
+        "sigma1_sq": float(S[2] / S[3]) if float(S[3]) else None,
+        "sigma2_sq": sigma2,
+        "wall_seconds": round(time.perf_counter() - t0, 4),
+    }
+    return state, row
+
+
+def _is_finite(state: methods.ServerState) -> bool:
+    return bool(torch.isfinite(state.params).all())
+
+
+def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True, data: Any = None) -> Path:
+    """Train and evaluate one run; resume it if its folder has a checkpoint. Returns the run folder."""
+    rank, world = distributed.rank_world()
+    d = results.run_dir(out, cfg)
+    writer = rank == 0
+    status = results.read_status(d)
+    if status and status["state"] == "done" and not force:
+        return d
+    if force and writer and d.exists():
+        import shutil
+
+        shutil.rmtree(d)
+    ctx = build_context(cfg, data=data)
+    ctx.rank, ctx.world = rank, world
+    method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    if writer:
+        d.mkdir(parents=True, exist_ok=True)
+        results.write_json(d / "config.json", {"run_id": cfg.run_id(), **cfg.to_dict(), **{"flat": cfg.flat()}})
+        results.write_json(d / "partition.json", ctx.partition.to_json(ctx.labels))
+        results.write_status(d, "running")
+    try:
+        return _run(cfg, ctx, method, d, writer, progress)
+    except Diverged as err:
+        if writer:
+            results.write_status(d, "diverged", error=str(err))
+        return d
+    except BaseException as err:
+        if writer:
+            results.write_status(d, "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+        raise
+
+
+def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool) -> Path:
+    state = method.init_state(ctx.init_params, ctx)
+    ema = state.params.clone() if cfg.train.ema > 0 else None
+    start_round, totals = 1, {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None}
+    ck = results.load_checkpoint(d, str(ctx.device))
+    if ck is not None:
+        state = methods.ServerState(params=ck["params"], extra=ck["extra"])
+        ema = ck.get("ema")
+        start_round, totals = ck["round"] + 1, ck["totals"]
+        if writer:
+            results.truncate_rounds(d, ck["round"])
+    elif writer and (d / "rounds.jsonl").exists():
+        (d / "rounds.jsonl").unlink()
+    bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
+    for r in bar:
+        state, row = train_round(method, state, ctx, r)
+        if row["gamma"] is not None and row["clients"]:
+            totals["gamma_star"] = row["gamma"] if totals["gamma_star"] is None else min(totals["gamma_star"], row["gamma"])
+        row["gamma_star"] = totals["gamma_star"]
+        for k in ("uplink_bits", "downlink_bits", "dropped_updates", "wall_seconds"):
+            totals[k] += row[k]
+        if not _is_finite(state):
+            if writer:
+                results.append_round(d, {**row, "diverged": True})
+            raise Diverged(f"global model became non-finite in round {r} (lr={cfg.train.lr}); try a smaller train.lr or train.grad_clip")
+        if ema is not None:
+            ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
+        if writer:
+            results.append_round(d, row)
+            if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds:
+                results.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+        if hasattr(bar, "set_postfix") and row["loss"] is not None:
+            bar.set_postfix(loss=f"{row['loss']:.4f}")
+    extra_metrics = method.finalize(state, ctx)
+    if not writer:
+        return d
+    if cfg.train.rounds == 0:
+        results.save_checkpoint(d, 0, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    from .evaluate_run import evaluate_state
+
+    evaluate_state(d, cfg, ctx, method, state, ema, totals, extra_metrics, progress=progress)
+    return d
+
+
+def _progress(it: Any, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, leave=False, dynamic_ncols=True)

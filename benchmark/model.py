@@ -1,0 +1,199 @@
+"""A small time-conditioned UNet (DDPM, Ho et al. 2020, scaled down) and the flat parameter layout.
+
+The same network serves both objectives: it takes a continuous time in [0, 1]
+(DDPM step t_i / T, or the flow-matching time t) and predicts epsilon (DDPM) or
+the velocity eps - x0 (flow matching).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class UNetSpec:
+    channels: int  # base width
+    mults: tuple[int, ...]  # width multiplier per resolution level
+    blocks: int  # residual blocks per level
+    attn_levels: tuple[int, ...]  # levels (0 = full resolution) with self-attention
+    mid_attn: bool = True  # self-attention in the middle block (lowest resolution)
+    dropout: float = 0.0
+
+
+# Sizes: "tiny" for tests; "small*" fit a CPU budget (~0.2 s per batch-64 step on 2 cores for
+# small28); "base*" are the GPU presets used for the paper-scale grids.
+PRESETS: dict[str, UNetSpec] = {
+    "tiny": UNetSpec(channels=8, mults=(1, 2), blocks=1, attn_levels=(), mid_attn=False),
+    "small28": UNetSpec(channels=16, mults=(1, 2, 2), blocks=1, attn_levels=()),  # 28 -> 14 -> 7
+    "small32": UNetSpec(channels=32, mults=(1, 2, 2), blocks=1, attn_levels=()),  # 32 -> 16 -> 8
+    "base28": UNetSpec(channels=64, mults=(1, 2, 2), blocks=2, attn_levels=(2,)),  # 28 -> 14 -> 7
+    "base32": UNetSpec(channels=64, mults=(1, 2, 2, 2), blocks=2, attn_levels=(2,)),  # 32 -> 16 -> 8 -> 4
+}
+AUTO_PRESET = {"fmnist": "small28", "svhn": "small32", "cifar10": "small32"}
+
+
+def resolve_preset(name: str, dataset: str) -> str:
+    return AUTO_PRESET[dataset] if name == "auto" else name
+
+
+def _groups(ch: int) -> int:
+    return math.gcd(8, ch)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of continuous t in [0, 1] (scaled by 1000 as DDPM's integer steps)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = (t.float() * 1000.0)[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, tdim: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(_groups(cin), cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.temb = nn.Linear(tdim, cout)
+        self.norm2 = nn.GroupNorm(_groups(cout), cout)
+        self.drop = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = h + self.temb(temb)[:, :, None, None]
+        h = self.conv2(self.drop(F.silu(self.norm2(h))))
+        return self.skip(x) + h
+
+
+class Attention(nn.Module):
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(_groups(ch), ch)
+        self.qkv = nn.Conv2d(ch, 3 * ch, 1)
+        self.out = nn.Conv2d(ch, ch, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, c, h * w).transpose(-1, -2).unbind(1)
+        y = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        return x + self.out(y.transpose(-1, -2).reshape(b, c, h, w))
+
+
+class UNet(nn.Module):
+    def __init__(self, in_ch: int, spec: UNetSpec) -> None:
+        super().__init__()
+        ch, tdim = spec.channels, spec.channels * 4
+        self.base = ch
+        self.time = nn.Sequential(nn.Linear(ch, tdim), nn.SiLU(), nn.Linear(tdim, tdim))
+        self.inp = nn.Conv2d(in_ch, ch, 3, padding=1)
+        self.down = nn.ModuleList()
+        skips, cur = [ch], ch
+        for lvl, m in enumerate(spec.mults):
+            for _ in range(spec.blocks):
+                blk = nn.ModuleList([ResBlock(cur, ch * m, tdim, spec.dropout)])
+                cur = ch * m
+                if lvl in spec.attn_levels:
+                    blk.append(Attention(cur))
+                self.down.append(blk)
+                skips.append(cur)
+            if lvl < len(spec.mults) - 1:
+                self.down.append(nn.ModuleList([nn.Conv2d(cur, cur, 3, stride=2, padding=1)]))
+                skips.append(cur)
+        mid_attn: nn.Module = Attention(cur) if spec.mid_attn else nn.Identity()
+        self.mid = nn.ModuleList([ResBlock(cur, cur, tdim, spec.dropout), mid_attn, ResBlock(cur, cur, tdim, spec.dropout)])
+        self.up = nn.ModuleList()
+        for lvl, m in reversed(list(enumerate(spec.mults))):
+            for _ in range(spec.blocks + 1):
+                blk = nn.ModuleList([ResBlock(cur + skips.pop(), ch * m, tdim, spec.dropout)])
+                cur = ch * m
+                if lvl in spec.attn_levels:
+                    blk.append(Attention(cur))
+                self.up.append(blk)
+            if lvl > 0:
+                self.up.append(nn.ModuleList([nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(cur, cur, 3, padding=1)]))
+        self.out = nn.Sequential(nn.GroupNorm(_groups(cur), cur), nn.SiLU(), nn.Conv2d(cur, in_ch, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        temb = self.time(timestep_embedding(t, self.base))
+        h = self.inp(x)
+        hs = [h]
+        for blk in self.down:
+            if isinstance(blk[0], ResBlock):
+                h = blk[0](h, temb)
+                for extra in blk[1:]:
+                    h = extra(h)
+            else:
+                h = blk[0](h)
+            hs.append(h)
+        h = self.mid[2](self.mid[1](self.mid[0](h, temb)), temb)
+        for blk in self.up:
+            if isinstance(blk[0], ResBlock):
+                skip = hs.pop()
+                if skip.shape[-1] != h.shape[-1]:  # odd sizes (7 -> 14 is fine; guard anyway)
+                    h = F.interpolate(h, size=skip.shape[-2:], mode="nearest")
+                h = blk[0](torch.cat([h, skip], dim=1), temb)
+                for extra in blk[1:]:
+                    h = extra(h)
+            else:
+                h = blk[1](blk[0](h))
+        return self.out(h)
+
+
+def build_model(preset: str, in_ch: int) -> UNet:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(PRESETS)}")
+    return UNet(in_ch, PRESETS[preset])
+
+
+# -- the flat parameter vector --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each named parameter lives in the flat vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    total: int
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    def slices(self) -> list[tuple[str, slice, tuple[int, ...]]]:
+        return [(n, slice(o, o + math.prod(s)), s) for n, o, s in zip(self.names, self.offsets, self.shapes)]
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> view of `flat` with the parameter's shape (no copy)."""
+        return {n: flat[sl].view(s) for n, sl, s in self.slices()}
+
+    def is_weight(self) -> list[bool]:
+        """True for conv/linear weight matrices (ndim >= 2), False for biases and norm scales."""
+        return [len(s) >= 2 for s in self.shapes]
+
+
+def flatten_(model: nn.Module) -> tuple[torch.Tensor, Layout]:
+    """Re-point every parameter of `model` at a slice of ONE flat buffer; return (buffer, layout).
+
+    After this, writing the buffer (flat.copy_(x)) sets the whole model in one op, and
+    the model's parameters are views of it, so the buffer is reused across clients.
+    """
+    names, shapes, offsets, off = [], [], [], 0
+    params = list(model.named_parameters())
+    for n, p in params:
+        names.append(n)
+        shapes.append(tuple(p.shape))
+        offsets.append(off)
+        off += p.numel()
+    first = params[0][1]
+    flat = torch.empty(off, dtype=first.dtype, device=first.device)
+    for (n, p), o in zip(params, offsets):
+        flat[o:o + p.numel()].copy_(p.detach().reshape(-1))
+        p.data = flat[o:o + p.numel()].view(p.shape)
+    return flat, Layout(tuple(names), tuple(shapes), tuple(offsets), off)

@@ -1,0 +1,130 @@
+"""Run folders: layout, atomic writes, status, checkpoints.
+
+<out>/<dataset>/<partition>/<method>/<run-id>/
+    config.json     the full RunConfig (+ run_id); the folder name is derived from it
+    partition.json  per-client sizes and label histograms
+    rounds.jsonl    one row per finished round
+    metrics.json    evaluations, communication totals, wall time, diagnostics
+    grid.png        the fixed-noise sample grid; samples.npz holds every evaluated sample (uint8)
+    status.json     running / done / failed (error, traceback) / diverged (reason)
+    checkpoints/    ckpt-<round>.pt, written atomically; the last two are kept
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import RunConfig
+
+STATES = ("running", "done", "failed", "diverged")
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)
+
+
+def run_dir(out: str | os.PathLike, cfg: RunConfig) -> Path:
+    return Path(out) / cfg.data.dataset / slug(cfg.data.partition) / slug(cfg.method) / cfg.run_id()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_status(d: Path, state: str, **extra: Any) -> None:
+    assert state in STATES, state
+    write_json(d / "status.json", {"state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra})
+
+
+def read_status(d: Path) -> dict[str, Any] | None:
+    p = Path(d) / "status.json"
+    return read_json(p) if p.exists() else None
+
+
+def append_round(d: Path, row: dict[str, Any]) -> None:
+    with open(d / "rounds.jsonl", "a") as f:
+        f.write(json.dumps(row, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rounds(d: Path) -> list[dict[str, Any]]:
+    p = Path(d) / "rounds.jsonl"
+    if not p.exists():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line from a crash: everything after it is discarded
+    return rows
+
+
+def truncate_rounds(d: Path, last_round: int) -> None:
+    """Keep rows with round <= last_round (the checkpoint's), so a resume never duplicates rows."""
+    rows = [r for r in read_rounds(d) if r["round"] <= last_round]
+    atomic_write_bytes(d / "rounds.jsonl", "".join(json.dumps(r, default=_json_default) + "\n" for r in rows).encode())
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+def save_checkpoint(d: Path, round_: int, payload: dict[str, Any], keep: int = 2) -> Path:
+    ck = d / "checkpoints"
+    ck.mkdir(parents=True, exist_ok=True)
+    path = ck / f"ckpt-{round_:06d}.pt"
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"round": round_, **payload}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    for old in sorted(ck.glob("ckpt-*.pt"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def load_checkpoint(d: Path, device: str = "cpu") -> dict[str, Any] | None:
+    """The newest readable checkpoint; a truncated or unreadable one falls back to the previous."""
+    ck = Path(d) / "checkpoints"
+    for path in sorted(ck.glob("ckpt-*.pt"), reverse=True):
+        try:
+            return torch.load(path, map_location=device, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file means: try the previous one
+            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); falling back to the previous one")
+    return None

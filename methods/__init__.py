@@ -1,0 +1,16 @@
+"""The method registry. Each method module is imported here so its decorator runs.
+
+Adding a method: write methods/<name>.py with a `Method` subclass decorated by
+`@register_method("<name>")`, then add its import below.
+"""
+
+from .base import ClientPlan, Method, ServerState, Upload, masked_weighted_mean
+from .registry import create_method, get_method_class, list_methods, method_config, method_help, register_method
+
+# Method modules (imported for their @register_method side effect).
+from . import fedavg  # noqa: F401,E402
+
+__all__ = [
+    "ClientPlan", "Method", "ServerState", "Upload", "masked_weighted_mean",
+    "create_method", "get_method_class", "list_methods", "method_config", "method_help", "register_method",
+]

@@ -1,0 +1,103 @@
+"""Method registry (timm-style, but registering a name twice is an error)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import typing
+from typing import Any, Callable, Mapping, TypeVar
+
+from .base import Method
+
+M = TypeVar("M", bound=type[Method])
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register_method(name: str) -> Callable[[M], M]:
+    """Class decorator: make a Method subclass available as `name`."""
+
+    def deco(cls: M) -> M:
+        if name in _REGISTRY:
+            raise ValueError(f"method {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
+        if not dataclasses.is_dataclass(cls.Config):
+            raise TypeError(f"{cls.__qualname__}.Config must be a frozen dataclass")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def list_methods(pattern: str = "*") -> list[str]:
+    """Registered method names matching a glob pattern, sorted."""
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def get_method_class(name: str) -> type[Method]:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())}")
+    return _REGISTRY[name]
+
+
+def _coerce(method: str, key: str, typ: Any, value: Any) -> Any:
+    origin = typing.get_origin(typ)
+    if origin is typing.Literal:
+        allowed = typing.get_args(typ)
+        if value not in allowed:
+            raise ValueError(f"invalid value for 'method.{key}' of {method!r}: {value!r}; allowed: {', '.join(map(str, allowed))}")
+        return value
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                low = value.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError
+                return low in ("true", "1", "yes", "on")
+            return bool(value)
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid value for 'method.{key}' of {method!r}: {value!r}; expected {typ.__name__}") from None
+    return value
+
+
+def method_config(name: str, params: Mapping[str, Any]) -> Any:
+    """Build (and validate) the method's frozen Config from loose key/values."""
+    cls = get_method_class(name)
+    hints = typing.get_type_hints(cls.Config)
+    names = [f.name for f in dataclasses.fields(cls.Config)]
+    unknown = [k for k in params if k not in names]
+    if unknown:
+        valid = ", ".join(f"method.{n}" for n in names) or "(none)"
+        raise KeyError(f"unknown hyperparameter(s) {', '.join(f'method.{k}' for k in unknown)} for method {name!r}; valid: {valid}")
+    kwargs = {k: _coerce(name, k, hints[k], v) for k, v in params.items()}
+    cfg = cls.Config(**kwargs)
+    check = getattr(cfg, "validate", None)
+    if check is not None:
+        check()
+    return cfg
+
+
+def create_method(name: str, **kwargs: Any) -> Method:
+    """Instantiate a registered method with its hyperparameters (unknown keyword -> clear error)."""
+    return get_method_class(name)(method_config(name, kwargs))
+
+
+def method_help(name: str) -> list[tuple[str, str, Any]]:
+    """(hyperparameter, type, default) for `dfbench methods`."""
+    cls = get_method_class(name)
+    hints = typing.get_type_hints(cls.Config)
+    out = []
+    for f in dataclasses.fields(cls.Config):
+        typ = hints[f.name]
+        tname = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is typing.Literal else getattr(typ, "__name__", str(typ))
+        out.append((f.name, tname, f.default))
+    return out
