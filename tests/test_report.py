@@ -1,0 +1,224 @@
+"""Reporter tests on hand-built run folders (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from benchmark.report import (  # noqa: E402
+    build_report,
+    collect,
+    format_params,
+    normalize_config,
+    parse_alpha,
+    read_run,
+)
+
+BUDGET = {"clients": 4, "rounds": 3, "local_steps": 2, "batch_size": 8, "lr": 1e-3, "participation": 1.0}
+
+
+def make_run(
+    root: Path,
+    run_id: str,
+    *,
+    dataset: str = "fmnist",
+    partition: str = "iid",
+    method: str = "fedavg",
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    state: str = "done",
+    error: str | None = None,
+    evaluations: list[dict[str, Any]] | None = None,
+    uplink_bits: int = 80_000_000,
+    rounds: int = 3,
+    grid_color: tuple[int, int, int] | None = (200, 30, 30),
+    extra_metrics: dict[str, Any] | None = None,
+) -> Path:
+    """Write one run folder in the documented layout."""
+    d = root / dataset / partition.replace(":", "-") / method / run_id
+    d.mkdir(parents=True)
+    config = {"run_id": run_id, "dataset": dataset, "partition": partition, "method": method,
+              "method_params": params or {}, "seed": seed, **BUDGET, "rounds": rounds}
+    (d / "config.json").write_text(json.dumps(config))
+    status: dict[str, Any] = {"state": state}
+    if error is not None:
+        status["error"] = error
+    (d / "status.json").write_text(json.dumps(status))
+    if state == "done":
+        metrics = {"evaluations": evaluations or [], "uplink_bits": uplink_bits, "downlink_bits": uplink_bits,
+                   "wall_seconds": 60.0, "rounds": rounds, "gamma_star": None, "w2_mean": None,
+                   "dropped_updates": 0, **(extra_metrics or {})}
+        (d / "metrics.json").write_text(json.dumps(metrics))
+        with open(d / "rounds.jsonl", "w") as f:
+            for r in range(1, rounds + 1):
+                f.write(json.dumps({"round": r, "clients": [0, 1, 2, 3], "loss": 1.0 / r + seed * 0.01,
+                                    "uplink_bits": uplink_bits // max(rounds, 1), "gamma_star": r, "w2": 0.1}) + "\n")
+        if grid_color is not None:
+            Image.new("RGB", (64, 64), grid_color).save(d / "grid.png")
+    return d
+
+
+def fd(value: float, **extra: Any) -> dict[str, Any]:
+    return {"metric": "fd_fmnist", "value": value, "std_err": None, "extractor": "fmnist_cnn",
+            "extractor_sha256": "ab" * 32, "backend": "dfbench", "num_samples": 1000, "sampler": "ddim",
+            "sampler_steps": 20, "reference": "test", "resize": "none", **extra}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Path]]:
+    """One report over: fedavg x2 seeds, random_prune x1, failed, diverged, baseline, corrupted, running."""
+    runs = tmp_path_factory.mktemp("runs")
+    out = tmp_path_factory.mktemp("out")
+    make_run(runs, "s0-fa", seed=0, evaluations=[fd(10.0)])
+    make_run(runs, "s1-fa", seed=1, evaluations=[fd(14.0)])
+    make_run(runs, "s0-rp", method="random_prune", params={"keep_ratio": 0.5, "scope": "layer"},
+             evaluations=[fd(11.0), {"metric": "kid", "value": 0.02, "std_err": 0.003}],
+             uplink_bits=20_000_000, grid_color=(30, 30, 200), extra_metrics={"gamma_star": 2, "w2_mean": 0.25})
+    make_run(runs, "s0-tk", method="topk_prune", params={"keep_ratio": 0.5, "scope": "layer"},
+             evaluations=[fd(13.0)], uplink_bits=20_000_000)
+    make_run(runs, "s0-base", rounds=0, evaluations=[fd(300.0)], uplink_bits=0)
+    make_run(runs, "s0-fail", method="quantized", params={"bits": 4}, state="failed", error="CUDA out of memory")
+    make_run(runs, "s0-div", method="fedprox", params={"mu": 0.1}, state="diverged", error="loss is NaN at round 2")
+    make_run(runs, "s0-run", method="fedavg", params={"x": 1}, state="running")
+    bad = make_run(runs, "s0-bad", method="topk_prune", params={"keep_ratio": 0.25}, evaluations=[fd(9.0)])
+    (bad / "metrics.json").write_text('{"evaluations": [ {"metric": "fd_fmnist", ')
+    written = build_report(runs, out)
+    return runs, out, written
+
+
+def test_outputs_exist(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, out, written = report
+    for key in ("leaderboard_md", "leaderboard_csv", "leaderboard_html"):
+        assert written[key].is_file() and written[key].stat().st_size > 0
+        assert written[key].parent == out
+
+
+def test_mean_std_n_and_rank(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, out, _ = report
+    csv = pd.read_csv(out / "leaderboard.csv")
+    fedavg = csv[(csv["method"] == "fedavg") & ~csv["baseline"]].iloc[0]
+    # prepare: seeds 10 and 14 -> mean 12, sample std sqrt(((10-12)^2 + (14-12)^2) / 1) = sqrt(8)
+    assert fedavg["fd_fmnist_mean"] == pytest.approx(12.0)
+    assert fedavg["fd_fmnist_std"] == pytest.approx(math.sqrt(8.0))
+    assert fedavg["n"] == 2 and fedavg["fd_fmnist_n"] == 2
+    assert fedavg["uplink_mb_mean"] == pytest.approx(10.0)  # 80e6 bits / 8 / 1e6
+    rp = csv[csv["method"] == "random_prune"].iloc[0]
+    assert rp["n"] == 1 and math.isnan(rp["fd_fmnist_std"])
+    assert rp["kid_stderr"] == pytest.approx(0.003)  # n=1: the estimator's own standard error
+    assert rp["compression_ratio"] == pytest.approx(4.0)
+    assert rp["param.keep_ratio"] == pytest.approx(0.5) and rp["param.scope"] == "layer"
+    assert rp["params"] == "keep_ratio=0.5, scope=layer"
+    # rank: random_prune 11 < fedavg 12 < topk 13; the untrained baseline is not ranked
+    ranks = dict(zip(csv["method"] + csv["baseline"].map({True: "-base", False: ""}), csv["rank"]))
+    assert (ranks["random_prune"], ranks["fedavg"], ranks["topk_prune"]) == (1, 2, 3)
+    assert math.isnan(ranks["fedavg-base"])
+    assert list(csv["method"])[:3] == ["random_prune", "fedavg", "topk_prune"]
+
+
+def test_markdown_content(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, _, written = report
+    md = written["leaderboard_md"].read_text()
+    assert "## fmnist / iid" in md
+    assert "12 ± 2.8" in md  # fedavg mean ± std
+    assert "x4.0" in md
+    assert "untrained (fedavg)" in md
+    assert "0.02 ± 0.003 (s.e.)" in md
+    failures = md.split("## Failed and diverged runs", 1)[1].split("## Plots", 1)[0]
+    for run_id, reason in [("s0-fail", "CUDA out of memory"), ("s0-div", "loss is NaN at round 2"),
+                           ("s0-run", "reached round 0 of 3"), ("s0-bad", "metrics.json")]:
+        line = next(ln for ln in failures.splitlines() if f"| {run_id} |" in ln)
+        assert reason in line
+    assert "| diverged |" in failures and "| failed |" in failures and "| unreadable |" in failures
+
+
+def test_html_self_contained(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, _, written = report
+    page = written["leaderboard_html"].read_text()
+    assert "<style>" in page and "stylesheet" not in page
+    assert page.count("data:image/png;base64,") >= 2  # mosaic + plots
+    assert "CUDA out of memory" in page
+    assert 'src="plots/' not in page  # no external image references
+
+
+def test_plots_written_or_skipped(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, out, written = report
+    for name in ("metric_vs_keep_ratio", "metric_vs_uplink", "loss_per_round", "metric_vs_gamma_star", "metric_vs_w2"):
+        path = written[f"plot_{name}"]
+        assert path.parent == out / "plots" and path.is_file()
+        with Image.open(path) as img:
+            assert img.width > 100 and img.height > 100
+    # all runs are iid: the alpha plot has no data, so it is skipped with a note, not drawn empty
+    assert "plot_metric_vs_alpha" not in written
+    assert not (out / "plots" / "metric_vs_alpha.png").exists()
+    assert "metric_vs_alpha" in written["skipped"].read_text()
+    assert "metric_vs_alpha" in written["leaderboard_md"].read_text().split("## Skipped", 1)[1]
+
+
+def test_mosaic(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    _, out, written = report
+    mosaic = written["mosaic_fmnist_iid"]
+    assert mosaic == out / "mosaic_fmnist_iid.png"
+    with Image.open(mosaic) as img:
+        rgb = img.convert("RGB")
+        colors = {c for _, c in rgb.getcolors(maxcolors=1 << 20)}
+    # both seeds' grids exist for fedavg, but only the first seed's is shown: red (fedavg) and blue (random_prune)
+    assert (200, 30, 30) in colors and (30, 30, 200) in colors
+    # 4 settings with grids -> 4 tiles side by side of >=192 px
+    assert rgb.width >= 4 * 192
+
+
+def test_alpha_plot_and_mosaic_name(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for alpha, value in [("0.1", 30.0), ("1.0", 20.0)]:
+        make_run(runs, f"s0-{alpha}", partition=f"dirichlet:{alpha}", evaluations=[fd(value)])
+    written = build_report(runs, tmp_path / "out")
+    assert written["plot_metric_vs_alpha"].is_file()
+    assert written["mosaic_fmnist_dirichlet-0.1"].name == "mosaic_fmnist_dirichlet-0.1.png"
+    # no pruning runs here: that plot is skipped
+    assert "plot_metric_vs_keep_ratio" not in written
+
+
+def test_corrupted_config_is_a_failure(tmp_path: Path) -> None:
+    d = make_run(tmp_path, "s0-x", evaluations=[fd(1.0)])
+    (d / "config.json").write_text("not json")
+    result = read_run(d)
+    assert result.state == "unreadable" and "config.json" in result.reason
+    data = collect(tmp_path)
+    assert data.table.empty and len(data.failures) == 1
+
+
+def test_nested_config_is_read(tmp_path: Path) -> None:
+    nested = {"run_id": "s3-abc", "method": "fedavg", "method_params": {}, "seed": 3, "device": "cuda",
+              "data": {"dataset": "svhn", "partition": "iid", "clients": 10, "root": "/data"},
+              "train": {"rounds": 5, "lr": 0.001}, "eval": {"samples": 100, "root": "x"}}
+    flat = normalize_config(nested)
+    assert flat["dataset"] == "svhn" and flat["rounds"] == 5 and flat["seed"] == 3
+    assert flat["data.root"] == "/data" and flat["eval.root"] == "x"  # a shared leaf name keeps its section
+
+
+def test_helpers() -> None:
+    assert format_params({"scope": "layer", "keep_ratio": 0.5}) == "keep_ratio=0.5, scope=layer"
+    assert format_params({}) == ""
+    assert parse_alpha("dirichlet:0.5") == 0.5
+    assert math.isnan(parse_alpha("iid"))
+
+
+def test_only_failures_still_reports(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    make_run(runs, "s0-fail", state="failed", error="boom")
+    written = build_report(runs, tmp_path / "out")
+    md = written["leaderboard_md"].read_text()
+    assert "| s0-fail |" in md and "boom" in md
+    assert not any(k.startswith(("plot_", "mosaic_")) for k in written)
+    # every plot is skipped, each with a reason
+    assert len(written["skipped"].read_text().strip().splitlines()) == 6
