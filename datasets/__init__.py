@@ -1,0 +1,30 @@
+"""dfbench datasets: verified dataset sources and client partitioners.
+
+>>> from datasets import load, partition
+>>> train = load("fmnist", "train")                       # doctest: +SKIP
+>>> part = partition(train.labels.numpy(), "dirichlet:0.5", num_clients=10, seed=0)  # doctest: +SKIP
+
+See :mod:`datasets.sources` (where data is looked for, how it is verified) and
+:mod:`datasets.partitioners` (the spec strings).
+"""
+from .errors import DatasetError
+from .partitioners import Partition, PartitionSpec, mean_tv_distance, parse_partition, partition
+from .sources import CHECKSUMS, DATASETS, ENV_VAR, ImageSet, cache_dir, clear_cache, data_info, load, locate
+
+__all__ = [
+    "DATASETS",
+    "DatasetError",
+    "ImageSet",
+    "load",
+    "data_info",
+    "locate",
+    "cache_dir",
+    "clear_cache",
+    "CHECKSUMS",
+    "ENV_VAR",
+    "partition",
+    "parse_partition",
+    "Partition",
+    "PartitionSpec",
+    "mean_tv_distance",
+]
