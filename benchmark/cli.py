@@ -126,6 +126,28 @@ def cmd_fid_ref(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_partition(a: argparse.Namespace) -> int:
+    import datasets
+
+    from .plots import plot_partition_heatmap
+    from .seeds import derive_seed
+
+    data = datasets.load(a.dataset, "train", root=a.data_root)
+    labels = data.labels.numpy()
+    # the same seed derivation as a run with --seed S, so this shows exactly that run's split
+    part = datasets.partition(labels, a.partition, a.clients, derive_seed(a.seed, "partition"),
+                              min_size=a.min_size, images=data.images)
+    df = part.summary(labels)
+    print(df.to_string(float_format=lambda x: f"{x:.3f}"))
+    print(f"\n{a.dataset} {part.spec}, {a.clients} clients, seed {a.seed}: sizes min {df['size'].min()} / "
+          f"median {int(df['size'].median())} / max {df['size'].max()}; classes per client mean {df['classes'].mean():.2f}; "
+          f"heterogeneity ({df.attrs['heterogeneity_metric']}) = {df.attrs['heterogeneity']:.3f}")
+    if a.out:
+        title = f"{a.dataset} {part.spec}, {a.clients} clients, seed {a.seed}"
+        print(plot_partition_heatmap(part.histogram(labels, data.num_classes), title, Path(a.out)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dfbench", description="Benchmark of federated and decentralized training schemes for diffusion models.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -158,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--inception-weights", default=None)
     f.add_argument("--device", default="cpu")
     f.set_defaults(func=cmd_fid)
+
+    pa = sub.add_parser("partition", help="per-client label heatmap and summary table of a partition")
+    pa.add_argument("--dataset", default="fmnist")
+    pa.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K")
+    pa.add_argument("--clients", type=int, default=10)
+    pa.add_argument("--seed", type=int, default=0, help="the run seed (the partition seed is derived from it as in `dfbench run`)")
+    pa.add_argument("--min-size", type=int, default=DataConfig().min_client_size)
+    pa.add_argument("--data-root", default=None)
+    pa.add_argument("--out", default=None, help="PNG path for the heatmap")
+    pa.set_defaults(func=cmd_partition)
 
     fr = sub.add_parser("fid-ref", help="compute and cache reference statistics")
     fr.add_argument("--dataset", required=True)

@@ -216,3 +216,19 @@ def make_plots(
             logger.info("plot %s skipped: %s", name, result)
             skipped[name] = result
     return written, skipped
+
+
+def plot_partition_heatmap(hist: np.ndarray, title: str, path: Path) -> Path:
+    """Per-client label heatmap (clients x classes, sample counts) for `dfbench partition`."""
+    clients = hist.shape[0]
+    fig, ax = plt.subplots(figsize=(min(2 + 0.35 * hist.shape[1], 10), min(1.5 + 0.22 * clients, 30)))
+    sns.heatmap(hist, ax=ax, cmap="viridis", cbar_kws={"label": "samples"},
+                yticklabels=max(1, clients // 40) if clients > 40 else True)
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
