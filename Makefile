@@ -1,0 +1,53 @@
+# dfbench — make targets. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch/torchvision are installed first and pinned: on the reference machines these releases
+# are on local disk. Override with e.g. `make TORCH_SPEC="torch torchvision" test`.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+RUNS ?= results/runs
+DEVICE ?= cpu
+
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-comm bench-experts perf clean-demo
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed ## create .venv and install dfbench with its test extras
+
+test: $(VENV)/.installed ## run the test suite (CPU, a few minutes)
+	$(BIN)/python -m pytest tests
+
+demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untrained baseline, report in results/demo/
+	$(BIN)/dfbench grid demo --out results/demo/runs --device $(DEVICE)
+	$(BIN)/dfbench report --runs results/demo/runs --out results/demo
+
+leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
+	$(BIN)/dfbench report --runs $(RUNS) --out results
+
+bench-full: $(VENV)/.installed ## every method family x 3 datasets x 3 partitions x 3 seeds (GPU budget)
+	$(BIN)/dfbench grid full --out $(RUNS) --device $(DEVICE)
+
+bench-paper: $(VENV)/.installed ## the pruning study (random vs top-k, 5 keep ratios, 3 datasets)
+	$(BIN)/dfbench grid paper --out $(RUNS) --device $(DEVICE)
+
+bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
+	$(BIN)/dfbench grid comm --out $(RUNS) --device $(DEVICE)
+
+bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at the same compute
+	$(BIN)/dfbench grid experts --out $(RUNS) --device $(DEVICE)
+
+perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
+	$(BIN)/dfbench perf --device $(DEVICE)
+
+clean-demo: ## delete the demo's run folders (keeps nothing of results/demo)
+	rm -rf results/demo
