@@ -87,9 +87,10 @@ class RunConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        # Freeze the method params so the whole config is hashable and immutable.
-        object.__setattr__(self, "method_params", types.MappingProxyType(dict(self.method_params)))
-        validate(self)
+        # Store the method's resolved hyperparameters (defaults filled in, values converted to
+        # their declared types), frozen: "--set method.bits=4" and bits=4 give the same run id.
+        resolved = validate(self)
+        object.__setattr__(self, "method_params", types.MappingProxyType(resolved))
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -161,8 +162,10 @@ def _check(cond: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
 
 
-def validate(cfg: RunConfig) -> None:
-    """Every check that can be made without loading data, so bad input fails before any work."""
+def validate(cfg: RunConfig) -> dict[str, Any]:
+    """Every check that can be made without loading data, so bad input fails before any work.
+
+    Returns the method's resolved hyperparameters."""
     d, t, s, e = cfg.data, cfg.train, cfg.system, cfg.eval
     _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
     _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
@@ -203,10 +206,11 @@ def validate(cfg: RunConfig) -> None:
     from methods import method_config
 
     try:
-        method_config(cfg.method, dict(cfg.method_params))
+        mc = method_config(cfg.method, dict(cfg.method_params))
     except (KeyError, TypeError, ValueError) as err:
         msg = err.args[0] if err.args else str(err)
         raise ConfigError(msg) from None
+    return dataclasses.asdict(mc)
 
 
 def parse_capacity(spec: str) -> list[tuple[float, float]]:
