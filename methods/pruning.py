@@ -1,0 +1,274 @@
+"""Sub-model pruning: random and top-k magnitude masks with masked aggregation.
+
+Qiao et al., "How Distributed Collaboration Influences the Diffusion Model Training?"
+(ICML 2025): each round every participating client trains a pruned sub-model
+theta * m_k of the current global model theta at its keep ratio, and the server
+averages each parameter over the clients that trained it.
+
+- `random_prune`: m_k is drawn fresh per (round, client) from a seeded stream, so the
+  client and the server can both rebuild it from one 64-bit seed.
+- `topk_prune`: m_k keeps the largest |theta| of the current global weights (per tensor
+  with `scope = "layer"`, across all prunable tensors with `scope = "global"`); every
+  client of a round with the same keep ratio gets the same mask.
+
+What is prunable: conv/linear weight tensors (`Layout.is_weight()`, ndim >= 2). Biases
+and norm scales/shifts are never pruned unless `prune_biases = true`. With capacity
+tiers (`system.capacity`) the per-client keep ratio comes from the tiers and overrides
+`keep_ratio`. A keep ratio of 1.0 is exactly FedAvg (no mask at all).
+
+How many entries a prunable tensor (or, for global top-k, the pool of all prunable
+entries) keeps: k = max(1, floor(keep * n + 1/2)), so no layer goes entirely dark.
+
+Ties in top-k: scores are sorted with a *stable* descending sort, so among equal
+magnitudes the entry with the lower flat index is kept first.
+
+Bits on the wire (32-bit floats):
+- downlink: 32 per kept value, plus the mask: random = the 64-bit seed; top-k = a
+  bitmap of 1 bit per prunable entry (the client cannot derive it: it lacks theta).
+- uplink: 32 per kept value, plus the mask: random = the 64-bit seed echoed back;
+  top-k = 0 (the server derives the mask from the weights it sent and the keep ratio).
+
+FLOP fraction (plan.info["flop_fraction"]): the multiply-accumulates of every
+conv/linear layer for one sample, each scaled by the fraction of that layer's weights
+the client keeps (unstructured sparsity realised as sparse compute), over the dense
+total. Norms, activations and the attention matmuls are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
+from .registry import register_method
+
+if TYPE_CHECKING:
+    from benchmark.context import RunContext
+    from benchmark.model import Layout
+
+SEED_BITS = 64
+Scope = Literal["layer", "global"]
+Aggregation = Literal["covered", "zero_fill"]
+
+
+# -- pure mask functions ------------------------------------------------------------------
+
+def keep_count(n: int, keep: float) -> int:
+    """Entries kept out of n at keep ratio `keep`: round half up, at least 1, at most n."""
+    return min(n, max(1, math.floor(keep * n + 0.5)))
+
+
+def prunable_tensors(layout: "Layout", prune_biases: bool) -> list[bool]:
+    """Per layout entry: may it be pruned? Weight matrices always; biases/norms only on request."""
+    return [True] * len(layout.names) if prune_biases else list(layout.is_weight())
+
+
+def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the k largest scores; ties go to the lower index (stable sort)."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    out = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    out[order[:k]] = True
+    return out
+
+
+def mask_from_scores(scores: torch.Tensor, layout: "Layout", keep: float, prunable: list[bool],
+                     scope: Scope = "layer") -> torch.Tensor:
+    """Float 0/1 mask [P] keeping the top-scored entries of the prunable tensors; the rest is 1.
+
+    layer:  each prunable tensor keeps keep_count(its size) of its own entries.
+    global: one pool of all prunable entries keeps keep_count(pool size) of them.
+    """
+    mask = torch.ones_like(scores)
+    slices = [sl for (_, sl, _), p in zip(layout.slices(), prunable) if p]
+    if not slices:
+        return mask
+    if scope == "layer":
+        for sl in slices:
+            mask[sl] = top_k_mask(scores[sl], keep_count(sl.stop - sl.start, keep)).to(mask.dtype)
+    elif scope == "global":
+        idx = torch.cat([torch.arange(sl.start, sl.stop, device=scores.device) for sl in slices])
+        pool = scores[idx]
+        mask[idx] = top_k_mask(pool, keep_count(pool.numel(), keep)).to(mask.dtype)
+    else:
+        raise ValueError(f"unknown scope {scope!r}; allowed: layer, global")
+    return mask
+
+
+def random_mask(layout: "Layout", keep: float, prunable: list[bool], gen: torch.Generator,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Uniformly random mask, exactly keep_count entries per prunable tensor, from `gen`.
+
+    Top-k of i.i.d. uniform scores is a uniform random subset of that size.
+    """
+    scores = torch.rand(layout.total, generator=gen, device=gen.device, dtype=torch.float32)
+    return mask_from_scores(scores, layout, keep, prunable, "layer").to(dtype)
+
+
+def magnitude_mask(params: torch.Tensor, layout: "Layout", keep: float, prunable: list[bool],
+                   scope: Scope = "layer") -> torch.Tensor:
+    """Top-k magnitude mask of the global weights (per layer or global pool)."""
+    return mask_from_scores(params.abs(), layout, keep, prunable, scope).to(params.dtype)
+
+
+# -- compute accounting -------------------------------------------------------------------
+
+def weight_macs(model: nn.Module, layout: "Layout", image_shape: tuple[int, ...], device: torch.device | str = "cpu") -> np.ndarray:
+    """Multiply-accumulates per sample of each layout entry's conv/linear weight (0 elsewhere).
+
+    Measured with forward hooks on one dummy sample: a conv weight costs its size times the
+    output's spatial positions, a linear weight its size times the output rows per sample.
+    Transposed convolutions are not counted (the UNet has none).
+    """
+    positions: dict[str, int] = {}
+
+    def record(name: str, conv: bool) -> Callable[..., None]:  # output positions per sample that reuse each weight
+        def hook(mod: nn.Module, inputs: object, out: torch.Tensor) -> None:
+            per_sample = out[0, 0].numel() if conv else out.numel() // (out.shape[0] * out.shape[-1])
+            positions[name] = positions.get(name, 0) + per_sample
+        return hook
+
+    hooks = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.modules.conv._ConvNd) and not mod.transposed:
+            hooks.append(mod.register_forward_hook(record(name, True)))
+        elif isinstance(mod, nn.Linear):
+            hooks.append(mod.register_forward_hook(record(name, False)))
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *image_shape, device=device), torch.zeros(1, device=device))
+    finally:
+        for h in hooks:
+            h.remove()
+    macs = np.zeros(len(layout.names), dtype=np.float64)
+    for i, (name, numel) in enumerate(zip(layout.names, layout.numels)):
+        module, _, leaf = name.rpartition(".")
+        if leaf == "weight" and module in positions:
+            macs[i] = float(numel) * positions[module]
+    return macs
+
+
+def flop_fraction(mask: torch.Tensor, layout: "Layout", macs: np.ndarray) -> float:
+    """sum_l macs_l * kept_l / n_l over sum_l macs_l (1.0 when nothing is counted)."""
+    total = float(macs.sum())
+    if total <= 0:
+        return 1.0
+    kept = torch.stack([m.sum(dtype=torch.float64) for m in torch.split(mask, list(layout.numels))]).cpu().numpy()
+    return float((macs * kept / np.asarray(layout.numels, dtype=np.float64)).sum() / total)
+
+
+# -- the methods ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Hyperparameters shared by both pruning methods."""
+
+    METHOD: ClassVar[str] = "random_prune"
+    keep_ratio: float = 0.5  # fraction of each prunable tensor a client trains (capacity tiers override)
+    prune_biases: bool = False  # also prune biases and norm scales/shifts
+    aggregation: Aggregation = "covered"  # covered | zero_fill (see methods.base.masked_weighted_mean)
+
+    def _fail(self, key: str, value: object, allowed: str) -> None:
+        raise ValueError(f"invalid value for 'method.{key}' of {self.METHOD!r}: {value!r}; allowed: {allowed}")
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.keep_ratio) and 0.0 < self.keep_ratio <= 1.0):
+            self._fail("keep_ratio", self.keep_ratio, "a number in (0, 1]")
+        if self.aggregation not in ("covered", "zero_fill"):
+            self._fail("aggregation", self.aggregation, "covered, zero_fill")
+
+
+class _SubModelPruning(Method):
+    """Shared mechanics: per-client keep ratio, masked start point, bit and FLOP accounting."""
+
+    def __init__(self, config: PruneConfig) -> None:
+        super().__init__(config)
+        self.aggregation = config.aggregation
+        self._macs: np.ndarray | None = None
+
+    def keep_for(self, client: int, ctx: "RunContext") -> float:
+        """Capacity tiers (ctx.keep_ratios) override the keep_ratio hyperparameter."""
+        return float(ctx.keep_ratios[client]) if ctx.keep_ratios is not None else float(self.config.keep_ratio)
+
+    def prunable(self, layout: "Layout") -> list[bool]:
+        return prunable_tensors(layout, self.config.prune_biases)
+
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+        raise NotImplementedError
+
+    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+        """Bits that tell the other side which entries are kept."""
+        raise NotImplementedError
+
+    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+        keep = self.keep_for(client, ctx)
+        total = ctx.layout.total
+        if keep >= 1.0:  # the full model: literally FedAvg's plan, so keep 1.0 == fedavg bitwise
+            plan = super().client_view(state, client, ctx)
+            plan.info = {"keep_ratio": 1.0, "trained_params": total, "flop_fraction": 1.0}
+            return plan
+        mask = self.make_mask(state, client, keep, ctx)
+        kept = int(torch.count_nonzero(mask))
+        if self._macs is None:
+            self._macs = weight_macs(ctx.model, ctx.layout, ctx.image_shape, ctx.device)
+        info = {"keep_ratio": keep, "trained_params": kept, "flop_fraction": flop_fraction(mask, ctx.layout, self._macs)}
+        # start = theta * m: pruned weights are zero in the forward pass; train.py masks their gradient
+        return ClientPlan(start=state.params * mask, mask=mask, downlink_bits=FLOAT_BITS * kept + self.mask_bits(ctx.layout, "down"), info=info)
+
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+        if plan.mask is None:
+            return super().upload(local, plan, client, state, ctx)
+        bits = FLOAT_BITS * int(plan.info["trained_params"]) + self.mask_bits(ctx.layout, "up")
+        return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=bits, mask=plan.mask, group=plan.group)
+
+
+@register_method("random_prune")
+class RandomPrune(_SubModelPruning):
+    """Each client trains a uniformly random sub-network, fresh per round, rebuilt from a seed."""
+
+    @dataclass(frozen=True)
+    class Config(PruneConfig):
+        METHOD: ClassVar[str] = "random_prune"
+
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+        return random_mask(ctx.layout, keep, self.prunable(ctx.layout), ctx.gen("mask", ctx.round, client), state.params.dtype)
+
+    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+        return SEED_BITS  # both sides rebuild the mask from (seed, round, client)
+
+
+@register_method("topk_prune")
+class TopKPrune(_SubModelPruning):
+    """Each client trains the largest-magnitude weights of the current global model."""
+
+    @dataclass(frozen=True)
+    class Config(PruneConfig):
+        METHOD: ClassVar[str] = "topk_prune"
+        scope: Scope = "layer"  # layer: top-k within each tensor; global: one threshold over all prunable tensors
+
+        def validate(self) -> None:
+            super().validate()
+            if self.scope not in ("layer", "global"):
+                self._fail("scope", self.scope, "layer, global")
+
+    def __init__(self, config: "TopKPrune.Config") -> None:
+        super().__init__(config)
+        # The mask depends only on (global weights, keep ratio): computed once per round and keep ratio.
+        self._cache_src: torch.Tensor | None = None
+        self._cache: dict[float, torch.Tensor] = {}
+
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+        if self._cache_src is not state.params:
+            self._cache_src, self._cache = state.params, {}
+        if keep not in self._cache:
+            self._cache[keep] = magnitude_mask(state.params, ctx.layout, keep, self.prunable(ctx.layout), self.config.scope)
+        return self._cache[keep]
+
+    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+        if direction == "up":
+            return 0  # the server derives the mask from the weights it sent
+        return sum(n for n, p in zip(layout.numels, self.prunable(layout)) if p)  # 1-bit bitmap per prunable entry

@@ -1,0 +1,54 @@
+"""One contract for every registered method (timm-style): a method is covered the moment
+it is registered. One round on tiny synthetic data must give finite parameters of the
+server state's shape, count its uplink bits, and be bitwise reproducible from the seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import methods
+from benchmark.context import build_context
+from benchmark.loop import run
+from helpers import final_params, tiny_config
+
+# Methods that by design send nothing during training; they must report exactly 0 uplink bits.
+# experts (DDM): experts never communicate; intra-expert averaging is reported as intra_expert_bits
+# (see methods/experts.py, "Communication").
+NO_UPLINK_BY_DESIGN = {"experts"}
+
+
+def _rows(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", methods.list_methods())
+def test_every_method_one_round(tmp_path, tiny_data, name):
+    # prepare: default hyperparameters, one round, the smallest evaluation
+    cfg = tiny_config(name, over={"train.rounds": 1, "eval.samples": 4, "eval.grid": 2, "eval.sampler_steps": 2})
+    ctx = build_context(cfg, data=tiny_data)
+    init = methods.create_method(name).init_state(ctx.init_params, ctx).params
+    # execute: the same config twice, in two folders
+    d1 = run(cfg, tmp_path / "a", data=tiny_data, progress=False)
+    d2 = run(cfg, tmp_path / "b", data=tiny_data, progress=False)
+    # assert
+    assert json.loads((d1 / "status.json").read_text())["state"] == "done"
+    p1, p2 = final_params(d1), final_params(d2)
+    assert p1.shape == init.shape
+    assert torch.isfinite(p1).all()
+    assert not torch.equal(p1, init)  # the round trained something
+    (row,) = _rows(d1)
+    if name in NO_UPLINK_BY_DESIGN:
+        assert row["uplink_bits"] == 0
+    else:
+        assert row["uplink_bits"] > 0
+    # same seed -> same model, same round log (but wall time), same samples
+    assert torch.equal(p1, p2)
+    (row2,) = _rows(d2)
+    row.pop("wall_seconds"), row2.pop("wall_seconds")
+    assert row == row2
+    assert np.array_equal(np.load(d1 / "samples.npz")["images"], np.load(d2 / "samples.npz")["images"])
