@@ -73,7 +73,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     samples = generate(cfg, ctx, method, params)
     np.savez_compressed(d / "samples.npz", images=samples.numpy())
     save_grid(samples, cfg.eval.grid, d / "grid.png")
-    sampler = ctx.sampler_name(cfg.train.objective)
+    # a method with its own sampler (expert mixtures) names it in its extra metrics
+    sampler = extra.get("mixture_sampler") or ctx.sampler_name(cfg.train.objective)
     rows, pending = score(d, cfg, samples, sampler)
     rounds = results.read_rounds(d)
     metrics = {
@@ -109,11 +110,11 @@ def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
         samples = torch.from_numpy(z["images"])
     from .diffusion import default_sampler
 
-    sampler = default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler
+    metrics = results.read_json(d / "metrics.json") if (d / "metrics.json").exists() else {}
+    sampler = metrics.get("mixture_sampler") or (default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler)
     rows, pending = score(d, cfg, samples, sampler)
     if pending:
         raise RuntimeError(pending)
-    metrics = results.read_json(d / "metrics.json") if (d / "metrics.json").exists() else {}
     metrics["evaluations"] = rows
     metrics.pop("evaluation_pending", None)
     results.write_json(d / "metrics.json", metrics)
