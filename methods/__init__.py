@@ -9,6 +9,9 @@ from .registry import create_method, get_method_class, list_methods, method_conf
 
 # Method modules (imported for their @register_method side effect).
 from . import fedavg  # noqa: F401,E402
+from . import experts  # noqa: F401,E402
+from . import pruning  # noqa: F401,E402
+from . import quantized  # noqa: F401,E402
 
 __all__ = [
     "ClientPlan", "Method", "ServerState", "Upload", "masked_weighted_mean",
