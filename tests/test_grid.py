@@ -1,0 +1,286 @@
+"""Grid files: expansion, validation, selection, cost, failure isolation and the rerun policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import methods
+from benchmark import grid as G
+from benchmark import loop
+from benchmark.cli import main
+from benchmark.config import ConfigError
+from helpers import TINY
+
+
+def write_grid(path: Path, base: dict[str, Any], axes: dict[str, list[Any]] | None = None,
+               cells: list[dict[str, Any]] | None = None, name: str = "t") -> Path:
+    """A grid TOML file (JSON scalars are valid TOML scalars)."""
+    lines = [f'name = "{name}"', "[base]"] + [f'"{k}" = {json.dumps(v)}' for k, v in base.items()]
+    if axes:
+        lines += ["[axes]"] + [f'"{k}" = {json.dumps(v)}' for k, v in axes.items()]
+    for c in cells or []:
+        lines += ["[[cells]]"] + [f'"{k}" = {json.dumps(v)}' for k, v in c.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def seeds_grid(tmp_path: Path, rounds: int = 2) -> G.Grid:
+    return G.load_grid(write_grid(tmp_path / "three.toml", {**TINY, "train.rounds": rounds}, {"seed": [0, 1, 2]}))
+
+
+# -- the shipped grids -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", G.builtin_grids())
+def test_shipped_grid_validates(name):
+    grid = G.load_grid(name)
+    assert grid.cells and grid.name == name
+    assert len({c.run_id for c in grid.cells}) == len(grid.cells)
+
+
+def test_demo_covers_every_method_and_the_baseline_within_its_budget():
+    grid = G.load_grid("demo")
+    assert {c.cfg.method for c in grid.cells} == set(methods.list_methods())
+    assert any(c.cfg.train.rounds == 0 for c in grid.cells)
+    assert all(c.cfg.data.dataset == "fmnist" and c.cfg.data.partition == "iid" for c in grid.cells)
+    assert sum(G.estimate_cost(c.cfg).cpu_seconds for c in grid.cells) < 6 * 60
+
+
+def test_full_grid_is_methods_x_datasets_x_partitions_x_seeds_plus_baselines():
+    cells = G.load_grid("full").cells
+    trained = [c for c in cells if c.cfg.train.rounds > 0]
+    assert {(c.cfg.data.dataset, c.cfg.data.partition, c.cfg.seed) for c in trained} == {
+        (d, p, s) for d in ("fmnist", "svhn", "cifar10") for p in ("iid", "dirichlet:0.5", "dirichlet:0.1") for s in (0, 1, 2)}
+    assert {c.cfg.method for c in trained} == set(methods.list_methods())
+    assert len([c for c in cells if c.cfg.train.rounds == 0]) == 9
+
+
+# -- expansion -----------------------------------------------------------------------------------
+
+def test_method_spec_parses_values_like_set_and_round_trips():
+    assert G.parse_method("quantized?bits=4&rounding=deterministic") == ("quantized", {"bits": 4, "rounding": "deterministic"})
+    assert G.parse_method("fedprox?mu=1e-2") == ("fedprox", {"mu": 0.01})
+    assert G.format_method(*G.parse_method("fedprox?mu=0.5")) == "fedprox?mu=0.5"
+    for bad in ("fedprox?mu", "?mu=1", "fedprox?mu=1&mu=2", 3):
+        with pytest.raises(ConfigError, match="'method'"):
+            G.parse_method(bad)
+
+
+def test_product_then_cells_with_method_parameters_and_base(tmp_path):
+    path = write_grid(tmp_path / "g.toml", {**TINY, "train.lr": 0.002},
+                      {"method": ["fedavg", "fedprox?mu=0.1"], "seed": [0, 1]},
+                      [{"method": "fedavg", "train.rounds": 0}])
+    cells = G.load_grid(path).cells
+    assert [c.label for c in cells] == ["fmnist/iid/fedavg/0", "fmnist/iid/fedavg/1", "fmnist/iid/fedprox?mu=0.1/0",
+                                        "fmnist/iid/fedprox?mu=0.1/1", "fmnist/iid/fedavg/0"]
+    assert cells[2].cfg.method_params["mu"] == 0.1
+    assert all(c.cfg.train.lr == 0.002 for c in cells)
+    assert [c.cfg.train.rounds for c in cells] == [2, 2, 2, 2, 0]
+
+
+def test_device_override_keeps_run_ids(tmp_path):
+    path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0, 1]})
+    plain, cuda = G.load_grid(path), G.load_grid(path, extra={"device": "cuda"})
+    assert [c.run_id for c in plain.cells] == [c.run_id for c in cuda.cells]
+    assert {c.cfg.device for c in cuda.cells} == {"cuda"}
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+def test_unknown_keys_and_bad_method_specs_are_reported_together(tmp_path):
+    path = write_grid(tmp_path / "g.toml", {**TINY, "train.roundz": 3}, {"method": ["fedavg", "fedprox?mu"], "sede": [0]})
+    with pytest.raises(G.GridError) as err:
+        G.load_grid(path)
+    msg = str(err.value)
+    assert "3 problem(s)" in msg
+    assert "unknown key 'train.roundz' (did you mean train.rounds" in msg
+    assert "unknown key 'sede'" in msg and "valid keys:" in msg
+    assert "'fedprox?mu'" in msg
+
+
+def test_every_bad_cell_is_named_in_one_error_and_nothing_runs(tmp_path, capsys):
+    path = write_grid(tmp_path / "g.toml", TINY,
+                      {"method": ["fedavg", "nope", "fedprox?mu=-1"], "data.dataset": ["fmnist", "mnist"]},
+                      [{"train.rounds": -1}, {"train.lr": 0}])
+    with pytest.raises(G.GridError) as err:
+        G.load_grid(path)
+    msg = str(err.value)
+    assert "registered methods: experts, fedavg" in msg  # unknown method
+    assert "invalid value for 'method.mu' of 'fedprox': -1.0; allowed: a finite number >= 0" in msg
+    assert "invalid value for 'data.dataset': 'mnist'; allowed: fmnist, svhn, cifar10" in msg
+    assert "cell 6 ([[cells]] #0) (fmnist/iid/fedavg/0): invalid value for 'train.rounds': -1" in msg
+    assert "cell 7 ([[cells]] #1)" in msg and "'train.lr'" in msg
+    assert "cell 0 " not in msg  # fedavg on fmnist is fine
+    # the CLI says the same and creates nothing
+    out = tmp_path / "runs"
+    assert main(["grid", str(path), "--out", str(out), "--no-progress"]) == 2
+    assert "invalid value for 'train.rounds'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('name = "x"\n[base]\n"seed" = [1, 2]\n', "a single value is needed"),
+    ('name = "x"\n[axes]\nseed = []\n', "a non-empty list"),
+    ('name = "x"\ncolour = 1\n[axes]\nseed = [0]\n', "unknown top-level key(s) 'colour'"),
+    ('name = "x"\n', "no cells"),
+    ('name = "x"\n[axes\n', "not valid TOML"),
+])
+def test_malformed_grid_files(tmp_path, text, needle):
+    path = tmp_path / "g.toml"
+    path.write_text(text)
+    with pytest.raises(G.GridError) as err:
+        G.load_grid(path)
+    assert needle in str(err.value)
+
+
+def test_duplicate_cells_are_an_error(tmp_path):
+    path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]}, [{"seed": 0}])
+    with pytest.raises(G.GridError, match="cells 0 and 1 are the same run"):
+        G.load_grid(path)
+
+
+def test_unknown_grid_name_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(ConfigError, match="shipped grids: .*demo"):
+        G.load_grid("no_such_grid")
+    with pytest.raises(FileNotFoundError):
+        G.load_grid(tmp_path / "missing.toml")
+
+
+# -- selection, state, cost -----------------------------------------------------------------------
+
+def test_shards_partition_the_selection_round_robin(tmp_path):
+    path = write_grid(tmp_path / "g.toml", TINY, {"method": ["fedavg", "fedprox"], "seed": [0, 1, 2, 3]})
+    cells = G.load_grid(path).cells
+    shards = [G.select_cells(cells, shard=(i, 3)) for i in range(3)]
+    assert sorted(c.index for s in shards for c in s) == list(range(8))
+    assert [c.index for c in shards[1]] == [1, 4, 7]
+    assert [c.index for c in G.select_cells(cells, only=["*/fedprox/*"])] == [4, 5, 6, 7]
+    assert [c.index for c in G.select_cells(cells, only=["fmnist/iid/fedavg/2", cells[7].run_id])] == [2, 7]
+    assert [c.index for c in G.select_cells(cells, only=["*/fedprox/*"], shard=(1, 2))] == [5, 7]
+    with pytest.raises(ConfigError, match="matches no cell"):
+        G.select_cells(cells, only=["cifar10/*"])
+
+
+@pytest.mark.parametrize("text", ["1/1", "a/b", "-1/2", "2", "0/0"])
+def test_bad_shard_is_a_clear_error(text):
+    with pytest.raises(ConfigError, match=r"'--shard'.*0 <= I < N"):
+        G.parse_shard(text)
+
+
+@pytest.mark.parametrize("state,default,retry,force", [
+    ("missing", True, True, True), ("unfinished", True, True, True), ("failed", False, True, True),
+    ("diverged", False, False, True), ("done", False, False, True),
+])
+def test_rerun_policy(state, default, retry, force):
+    assert G.should_run(state) is default
+    assert G.should_run(state, retry_failed=True) is retry
+    assert G.should_run(state, force=True) is force
+
+
+def test_cost_estimate_matches_a_hand_count():
+    from helpers import tiny_config
+
+    cfg = tiny_config(over={"train.rounds": 3, "train.local_steps": 10, "system.participation": 0.5,
+                            "system.stragglers": 0.5, "system.straggler_steps": 0.5})
+    cost = G.estimate_cost(cfg)
+    # 2 of 4 clients per round; 2 clients run 10 steps, 2 stragglers 5: mean 7.5; batch 8
+    assert cost.sample_grads == 3 * 2 * 7.5 * 8
+    assert cost.eval_forwards == 16 * 3  # ddim: one network evaluation per step
+    assert cost.cpu_seconds > 0
+
+
+def test_dry_run_lists_cells_and_cost_and_creates_nothing(tmp_path, capsys):
+    path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0, 1, 2]})
+    out = tmp_path / "runs"
+    assert main(["grid", str(path), "--out", str(out), "--dry-run", "--shard", "1/2"]) == 0
+    text = capsys.readouterr().out
+    cells = G.load_grid(path).cells
+    assert cells[1].run_id in text and cells[0].run_id not in text
+    assert "to run: 1 cell(s), 128 sample-gradient evaluations" in text  # 2 rounds x 4 clients x 2 steps x 8
+    assert not out.exists()
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+def _record_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the seed of every cell the grid hands to loop.run."""
+    seen: list[int] = []
+    real = loop.run
+
+    def run(cfg, out, **kw):
+        seen.append(cfg.seed)
+        return real(cfg, out, **kw)
+
+    monkeypatch.setattr(loop, "run", run)
+    return seen
+
+
+def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data, monkeypatch):
+    grid, out = seeds_grid(tmp_path), tmp_path / "runs"
+    lines: list[str] = []
+    # prepare: the middle cell (seed 1) raises in its second round
+    real_round = loop.train_round
+
+    def train_round(method, state, ctx, r):
+        if ctx.cfg.seed == 1 and r == 2:
+            raise RuntimeError("boom in round 2")
+        return real_round(method, state, ctx, r)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "train_round", train_round)
+        summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+    # assert: the other two finished; the failure is recorded with its traceback
+    assert [o.after for o in summary.outcomes] == ["done", "failed", "done"]
+    assert not summary.ok and "boom in round 2" in summary.text()
+    status = json.loads((grid.cells[1].folder(out) / "status.json").read_text())
+    assert status["state"] == "failed" and "RuntimeError: boom in round 2" in status["traceback"]
+    assert len(lines) == 3 and lines[1].startswith("[2/3] failed") and "status.json" in lines[1]
+    assert "no metric" in lines[0]
+    # a plain rerun runs nothing: done cells are skipped, the failed one is listed
+    seen = _record_runs(monkeypatch)
+    again = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+    assert seen == [] and "--retry-failed" in again.text()
+    # --retry-failed runs only the failed cell (resuming from its round-1 checkpoint)
+    retried = G.run_grid(grid, out, progress=False, data=tiny_data, retry_failed=True, echo=lines.append)
+    assert seen == [1] and retried.ok
+    assert [o.ran for o in retried.outcomes] == [False, True, False]
+    # --force reruns a done cell
+    G.run_grid(grid, out, progress=False, data=tiny_data, force=True, only=["*/0"], echo=lines.append)
+    assert seen == [1, 0]
+
+
+def test_unfinished_and_missing_cells_run_done_and_diverged_are_skipped(tmp_path, tiny_data, monkeypatch):
+    from benchmark import results
+
+    grid, out = seeds_grid(tmp_path, rounds=1), tmp_path / "runs"
+    for cell, state in zip(grid.cells, ("running", "diverged")):
+        cell.folder(out).mkdir(parents=True)
+        results.write_status(cell.folder(out), state, **({"error": "nan at round 1"} if state == "diverged" else {}))
+    assert [G.cell_state(out, c) for c in grid.cells] == ["unfinished", "diverged", "missing"]
+    seen = _record_runs(monkeypatch)
+    summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)
+    assert seen == [0, 2]
+    assert [o.after for o in summary.outcomes] == ["done", "diverged", "done"] and summary.ok
+
+
+def test_cli_grid_runs_and_reports(tmp_path, tiny_data, monkeypatch, capsys):
+    import datasets
+
+    monkeypatch.setattr(datasets, "load", lambda name, split, root=None: tiny_data)
+    path = write_grid(tmp_path / "g.toml", {**TINY, "train.rounds": 1}, {"seed": [0]})
+    out = tmp_path / "runs"
+    assert main(["grid", str(path), "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "[1/1] done" in text and "1 done" in text
+    assert G.cell_state(out, G.load_grid(path).cells[0]) == "done"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_cells_without_a_gpu_are_refused_before_any_run(tmp_path):
+    path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]})
+    with pytest.raises(ConfigError, match="'device': 'cuda'; allowed: cpu"):
+        G.run_grid(G.load_grid(path, extra={"device": "cuda"}), tmp_path / "runs", progress=False)
+    assert not (tmp_path / "runs").exists()
