@@ -504,6 +504,7 @@ class ReportData:
     metrics: list[str]
     failures: list[RunFailure]
     warnings: list[str]
+    hardware: list[str] = field(default_factory=list)  # distinct metrics.json environment.hardware
 
 
 def collect(runs_dir: str | Path) -> ReportData:
@@ -513,8 +514,10 @@ def collect(runs_dir: str | Path) -> ReportData:
     metrics = _ordered_metrics(evals["metric"].unique()) if len(evals) else []
     table = aggregate(runs, metrics)
     warnings = [f"{rec.run_id}: {w}" for rec in records for w in rec.warnings]
+    hardware = sorted({str(rec.metrics["environment"].get("hardware")) for rec in records
+                       if isinstance(rec.metrics.get("environment"), dict)})
     return ReportData(runs=runs, evaluations=evals, rounds=rounds, table=table, metrics=metrics,
-                      failures=failures, warnings=warnings)
+                      failures=failures, warnings=warnings, hardware=hardware)
 
 
 # ---------------------------------------------------------------------------
@@ -769,6 +772,8 @@ def write_markdown(data: ReportData, out_dir: Path, root: Path, images: Mapping[
         f"(`*`: fedavg ran another budget, compared per client upload).",
         "",
     ]
+    if data.hardware:
+        lines += ["Hardware: " + "; ".join(data.hardware) + ".", ""]
     for (dataset, partition), block in _blocks(data.table):
         headers, rows, shared = _block_view(block, data.metrics)
         primary = block["primary_metric"].iloc[0]

@@ -222,3 +222,19 @@ def test_only_failures_still_reports(tmp_path: Path) -> None:
     assert not any(k.startswith(("plot_", "mosaic_")) for k in written)
     # every plot is skipped, each with a reason
     assert len(written["skipped"].read_text().strip().splitlines()) == 6
+
+
+def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny_data) -> None:
+    # prepare: two real tiny runs (no scoring), as the loop writes them
+    from benchmark.loop import run
+    from helpers import tiny_config
+
+    for method in ("fedavg", "fedprox"):
+        run(tiny_config(method), tmp_path / "runs", data=tiny_data, progress=False)
+    # execute
+    paths = build_report(tmp_path / "runs", tmp_path / "out")
+    # assert: both runs are read (none "unreadable"), and the header names the machine
+    md = paths["leaderboard_md"].read_text()
+    assert "fedavg" in md and "fedprox" in md
+    assert "0 run(s) failed" in md
+    assert "Hardware: " in md and "cores, device cpu" in md
