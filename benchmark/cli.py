@@ -67,8 +67,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .loop import run
     from .results import read_status
 
-    distributed.init_from_env(cfg.device)
-    d = run(cfg, a.out, force=a.force, progress=not a.no_progress)
+    distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
+    try:
+        d = run(cfg, a.out, force=a.force, progress=not a.no_progress)
+    except distributed.DistributedError as err:
+        # a rank died or hung; rank 0's status.json says "failed" with this message. No
+        # shutdown: the group is broken, and leaving it could wait on the dead rank.
+        print(f"dfbench: error: {err}", file=sys.stderr)
+        return 1
     if distributed.rank_world()[0] == 0:
         st = read_status(d) or {}
         if st.get("evaluation_pending"):
@@ -78,6 +84,26 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(d)
     distributed.shutdown()
     return 0
+
+
+def cmd_grid(a: argparse.Namespace) -> int:
+    import os
+
+    from .grid import describe, load_grid, parse_shard, run_grid, select_cells
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
+                          "`dfbench run`, or split the grid over GPUs with --shard I/N and --device cuda:I")
+    extra = dict(a.overrides) | ({"device": a.device} if a.device else {})
+    grid = load_grid(a.grid, extra=extra)
+    shard = parse_shard(a.shard) if a.shard else None
+    only = a.only or []
+    if a.dry_run:
+        print(describe(grid, select_cells(grid.cells, shard=shard, only=only), a.out, retry_failed=a.retry_failed, force=a.force))
+        return 0
+    summary = run_grid(grid, a.out, shard=shard, only=only, retry_failed=a.retry_failed, force=a.force, progress=not a.no_progress)
+    print(summary.text())
+    return 0 if summary.ok else 1
 
 
 def cmd_methods(a: argparse.Namespace) -> int:
@@ -112,7 +138,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_fid(a: argparse.Namespace) -> int:
     from .evaluation import fid_between
 
-    out = fid_between(a.a, a.b, extractor=a.extractor, weights=a.inception_weights, device=a.device)
+    out = fid_between(a.a, a.b, extractor=a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -120,9 +146,24 @@ def cmd_fid(a: argparse.Namespace) -> int:
 def cmd_fid_ref(a: argparse.Namespace) -> int:
     from .evaluation import get_extractor, reference_stats
 
-    ex = get_extractor(a.extractor, weights=a.inception_weights, device=a.device)
+    # --inception-weights applies to the Inception networks only; fmnist's weights are pinned in the package
+    ex = get_extractor(a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
     mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
     print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
+    return 0
+
+
+def cmd_perf(a: argparse.Namespace) -> int:
+    from .perf import PerfOptions, parse_counts, run_perf
+
+    opts = PerfOptions(
+        device=a.device, clients=a.clients, steps=a.steps, rounds=a.rounds, batch_size=a.batch_size, preset=a.preset,
+        methods=tuple(m for m in a.methods.split(",") if m), fid_images=a.fid_images,
+        batched_clients=None if a.batched_clients is None else parse_counts(a.batched_clients),
+        variants=a.variants, repeats=a.repeats, out=a.out,
+    )
+    print(run_perf(opts, log=lambda msg: print(msg, file=sys.stderr, flush=True)).markdown, end="")
+    print(f"written to {a.out}")
     return 0
 
 
@@ -169,6 +210,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="results")
     rep.set_defaults(func=cmd_report)
 
+    g = sub.add_parser("grid", help="run a grid of runs (benchmark/grids/NAME.toml or a file); resumes, skips done cells",
+                       description="Run every cell of a grid. A rerun runs missing and unfinished cells (resuming "
+                                   "from their checkpoints), skips done and diverged ones, and lists failed ones.")
+    g.add_argument("grid", help="a shipped grid name (demo, full, paper, ...) or a path to a .toml file")
+    g.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
+    g.add_argument("--shard", default=None, metavar="I/N", help="run cells I, I+N, I+2N, ... (0-based) of the selection, for array jobs")
+    g.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                   help="glob over dataset/partition/method/seed, the run id or the run folder, e.g. 'cifar10/dirichlet:0.1/*' (repeatable)")
+    g.add_argument("--dry-run", action="store_true", help="list the cells, their state and cost; run nothing")
+    g.add_argument("--retry-failed", action="store_true", help="also rerun failed cells (they resume from their checkpoints)")
+    g.add_argument("--force", action="store_true", help="delete and rerun every selected cell, done and diverged ones included")
+    g.add_argument("--device", default=None, help="cpu | cuda | cuda:N for every cell (does not change run ids)")
+    g.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
+                   help="override a key in every cell (changes the run ids), e.g. train.rounds=1")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.set_defaults(func=cmd_grid)
+
     ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)")
     ev.add_argument("run_dir")
     ev.set_defaults(func=cmd_eval)
@@ -199,6 +257,23 @@ def build_parser() -> argparse.ArgumentParser:
     fr.add_argument("--data-root", default=None)
     fr.add_argument("--device", default="cpu")
     fr.set_defaults(func=cmd_fid_ref)
+
+    pf = sub.add_parser("perf", help="side-by-side speed table: loop overhead, images/s, FID extraction, batched clients")
+    pf.add_argument("--device", default="cpu")
+    pf.add_argument("--clients", type=int, default=10)
+    pf.add_argument("--steps", type=int, default=None, help="local steps per round (default: 2 on CPU, 10 on CUDA)")
+    pf.add_argument("--rounds", type=int, default=None, help="timed rounds (default: 2 on CPU, 3 on CUDA)")
+    pf.add_argument("--batch-size", type=int, default=32)
+    pf.add_argument("--preset", default=None, help="model preset (default: small28 on CPU, small32 on CUDA)")
+    pf.add_argument("--methods", default="fedavg,random_prune,quantized", help="comma list of methods for the overhead rows")
+    pf.add_argument("--fid-images", type=int, default=None, help="images for the FID extraction timing (default: 64 on CPU, 1024 on CUDA; 0 skips it)")
+    pf.add_argument("--batched-clients", default=None, help="comma list of client counts for batched vs sequential "
+                    "(default: 8 on CPU, 8,32 on CUDA; empty skips it)")
+    pf.add_argument("--variants", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time bf16 / channels_last / compile (default: on CUDA only)")
+    pf.add_argument("--repeats", type=int, default=2, help="best of this many timings")
+    pf.add_argument("--out", default="results/perf.md")
+    pf.set_defaults(func=cmd_perf)
     return p
 
 

@@ -24,6 +24,8 @@ Objective = Literal["ddpm", "fm"]
 Schedule = Literal["linear", "cosine"]
 Sampler = Literal["auto", "ddim", "euler", "heun"]
 Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
+Amp = Literal["off", "bf16"]
+ClientsMode = Literal["sequential", "batched"]
 
 
 class ConfigError(ValueError):
@@ -52,6 +54,12 @@ class TrainConfig:
     ema: float = 0.0  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
     grad_clip: float = 1.0  # max global grad norm per local step (0 = off)
     sigma1_probe_steps: int = 4  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
+    # -- speed knobs (see benchmark/batched.py and `dfbench perf`) --
+    amp: Amp = "off"  # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id)
+    channels_last: bool = False  # feed the convolutions NHWC batches (sequential clients; speed only)
+    compile: bool = False  # torch.compile the model for local training (CUDA only; speed only)
+    clients_mode: ClientsMode = "sequential"  # "batched": a round's clients train in lockstep (torch.func.vmap)
+    client_batch: int = 0  # clients per lockstep group in batched mode (0 = all of the round's clients)
 
 
 @dataclass(frozen=True)
@@ -129,28 +137,18 @@ class RunConfig:
         """Seed plus a hash of everything that changes the result (device and paths excluded)."""
         return f"s{self.seed}-{config_hash(self)}"
 
-    def flat(self) -> dict[str, Any]:
-        """A flat dict for reports: dataset, partition, method, method_params, budget."""
-        d = {
-            "dataset": self.data.dataset, "partition": self.data.partition, "method": self.method,
-            "method_params": dict(self.method_params), "seed": self.seed, "clients": self.data.clients,
-            "rounds": self.train.rounds, "local_steps": self.train.local_steps,
-            "batch_size": self.train.batch_size, "lr": self.train.lr, "objective": self.train.objective,
-            "participation": self.system.participation, "dropout": self.system.dropout,
-            "stragglers": self.system.stragglers, "capacity": self.system.capacity,
-            "eval_samples": self.eval.samples, "sampler_steps": self.eval.sampler_steps,
-        }
-        return d
 
-
-NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every")
+NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
+                   "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch")
 
 
 def config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
-    d.pop("device", None)
-    d.pop("checkpoint_every", None)
-    d["data"].pop("root", None)
+    for key in NON_RESULT_KEYS:
+        head, _, rest = key.partition(".")
+        (d[head] if rest else d).pop(rest or head, None)
+    if d["train"]["amp"] == "off":
+        d["train"].pop("amp")  # added later: at its default it leaves existing run ids unchanged
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
@@ -170,6 +168,14 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
     _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
     _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
+    # The dataset's size is static, so "more clients than samples" fails here, before any data is
+    # loaded (build_context checks again against the data actually loaded).
+    from datasets import data_info
+
+    n_train = int(data_info(d.dataset)["num_samples"]["train"])
+    _check(d.clients * d.min_client_size <= n_train, "data.clients", d.clients,
+           f"at most {n_train // d.min_client_size} for {d.dataset} ({n_train} training samples, "
+           f"data.min_client_size={d.min_client_size} each)")
     _check(t.rounds >= 0, "train.rounds", t.rounds, "an integer >= 0 (0 evaluates the untrained model)")
     _check(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
     _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
@@ -181,6 +187,15 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
     _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
     _check(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
+    _check(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
+    _check(t.clients_mode in typing.get_args(ClientsMode), "train.clients_mode", t.clients_mode, ", ".join(typing.get_args(ClientsMode)))
+    _check(t.client_batch >= 0, "train.client_batch", t.client_batch, "an integer >= 0 (0 = all of a round's clients)")
+    _check(not (t.compile and cfg.device == "cpu"), "train.compile", t.compile,
+           "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
+    _check(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,
+           "false with train.clients_mode=batched (the vmapped step is not compiled)")
+    _check(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
+           "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
     _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
     _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
     _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")

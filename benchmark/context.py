@@ -14,7 +14,7 @@ import torch
 
 import datasets
 
-from . import diffusion
+from . import diffusion, distributed
 from .config import RunConfig, parse_capacity
 from .model import Layout, build_model, flatten_, resolve_preset
 from .seeds import derive_seed, np_rng, torch_gen
@@ -122,7 +122,7 @@ def sample_round_clients(num_clients: int, participation: float, dropout: float,
 
 
 def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> RunContext:
-    device = torch.device(cfg.device)
+    device = torch.device(distributed.local_device(cfg.device))  # "cuda" -> cuda:LOCAL_RANK under torchrun
     if data is None:
         data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
     labels = data.labels.numpy()

@@ -90,6 +90,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "wall_seconds": round(float(totals["wall_seconds"]) + time.perf_counter() - t0, 3),
         "num_parameters": int(ctx.layout.total),
         "used_ema": ema is not None,
+        "environment": results.environment(cfg.device),
         **extra,
     }
     if pending:
@@ -105,7 +106,7 @@ def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"{d} is not a run folder (no config.json); pass the folder that `dfbench run` printed")
     if not (d / "samples.npz").exists():
         raise FileNotFoundError(f"{d} has no samples.npz: the run has not finished training; rerun `dfbench run` with the same config to resume it")
-    cfg = RunConfig.from_dict({k: v for k, v in results.read_json(d / "config.json").items() if k != "flat"})
+    cfg = RunConfig.from_dict(results.read_json(d / "config.json"))
     with np.load(d / "samples.npz", allow_pickle=False) as z:
         samples = torch.from_numpy(z["images"])
     from .diffusion import default_sampler

@@ -3,6 +3,7 @@
 round r = 1..R:
     sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
     local training (the ONE shared step)  ->  update = local - start
+        (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/batched.py)
     upload = method.upload(update)        ->  method.accumulate(acc, upload)
     all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
     diagnostics, rounds.jsonl row, atomic checkpoint
@@ -21,7 +22,7 @@ import torch
 
 import methods
 
-from . import distributed, results
+from . import batched, distributed, results
 from .config import RunConfig
 from .context import RunContext, build_context, sample_round_clients
 from .train import local_train
@@ -44,8 +45,9 @@ def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, 
     }
 
 
-def _client_rows(n: int) -> dict[str, list[Any]]:
-    return {"clients": [], "steps": [], "client_loss": []}
+def _num(x: float) -> float | None:
+    """A finite float for rounds.jsonl, else None (keeps the file strict JSON)."""
+    return round(x, 6) if np.isfinite(x) else None
 
 
 def train_round(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int) -> tuple[methods.ServerState, dict[str, Any]]:
@@ -59,19 +61,29 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     acc = method.new_accumulator(state, ctx)
     acc.update(_diag_accumulator(state, ctx))
     S = acc["d_scalars"]
-    per_client: dict[int, tuple[int, float]] = {}
-    for k in distributed.my_share(clients, ctx.rank, ctx.world):
-        plan = method.client_view(state, k, ctx)
+    per_client: dict[int, tuple[int, float, int, int, int, float]] = {}  # steps, loss, uplink/downlink bits, trained params, FLOP fraction
+    mine = distributed.my_share(clients, ctx.rank, ctx.world)
+    batched_plans = batched_results = None
+    if cfg.train.clients_mode == "batched":  # all plans first, then every client in lockstep (benchmark/batched.py)
+        batched_plans = {k: method.client_view(state, k, ctx) for k in mine}
+        batched_results = batched.train_clients(ctx, batched_plans, r)
+    for k in mine:
         steps = int(ctx.local_steps[k])
-        res = local_train(
-            ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(plan.objective),
-            steps=steps, batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=ctx.gen("client", r, k),
-            mask=plan.mask, prox_mu=plan.prox_mu, grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps,
-        )
+        if batched_plans is not None and batched_results is not None:
+            plan, res = batched_plans.pop(k), batched_results.pop(k)  # pop: each client's tensors freed once accumulated
+        else:
+            plan = method.client_view(state, k, ctx)
+            res = local_train(
+                ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(plan.objective),
+                steps=steps, batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=ctx.gen("client", r, k),
+                mask=plan.mask, prox_mu=plan.prox_mu, grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps,
+                amp=cfg.train.amp, channels_last=cfg.train.channels_last,
+            )
         up = method.upload(res.params, plan, k, state, ctx)
         S[4] += up.uplink_bits
         S[5] += plan.downlink_bits
-        per_client[k] = (steps, res.loss)
+        per_client[k] = (steps, res.loss, int(up.uplink_bits), int(plan.downlink_bits),
+                         int(plan.info.get("trained_params", ctx.layout.total)), float(plan.info.get("flop_fraction", 1.0)))
         if not torch.isfinite(up.params).all():
             S[6] += 1  # dropped from aggregation, counted (a diverging client must not poison the model)
             continue
@@ -89,8 +101,8 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         if res.sigma1_sq is not None:
             S[2] += res.sigma1_sq
             S[3] += 1
-    distributed.all_reduce_(acc)
-    per_client = distributed.gather_dict(per_client)
+    distributed.all_reduce_(acc, what=f"round {r}'s all_reduce")
+    per_client = distributed.gather_dict(per_client, what=f"round {r}'s per-client gather")  # small; pickled
     state = method.apply(state, acc, ctx)
     n_ok = float(acc["d_n"].sum())
     count = acc["d_count"]
@@ -103,7 +115,11 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         "round": r,
         "clients": sorted(per_client),
         "steps": [per_client[k][0] for k in sorted(per_client)],
-        "client_loss": [round(per_client[k][1], 6) for k in sorted(per_client)],
+        "client_loss": [_num(per_client[k][1]) for k in sorted(per_client)],
+        "client_uplink_bits": [per_client[k][2] for k in sorted(per_client)],
+        "client_downlink_bits": [per_client[k][3] for k in sorted(per_client)],
+        "trained_params": [per_client[k][4] for k in sorted(per_client)],  # sub-model size (plan.info; full model by default)
+        "flop_fraction": [round(per_client[k][5], 6) for k in sorted(per_client)],
         "dropped_clients": dropped,
         "loss": float(S[0] / n_ok) if n_ok else None,
         "uplink_bits": int(S[4]),
@@ -128,19 +144,25 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
     rank, world = distributed.rank_world()
     d = results.run_dir(out, cfg)
     writer = rank == 0
-    status = results.read_status(d)
-    if status and status["state"] == "done" and not force:
-        return d
-    if force and writer and d.exists():
-        import shutil
+    # Rank 0 alone reads the run folder (the others may not share its filesystem); every rank
+    # follows its verdict, so a done run returns on all ranks, not on some of them.
+    done = False
+    if writer:
+        status = results.read_status(d)
+        # "diverged" is final too: the same config diverges again at the same round (no RNG state)
+        done = bool(status and status["state"] in ("done", "diverged") and not force)
+        if force and d.exists():
+            import shutil
 
-        shutil.rmtree(d)
+            shutil.rmtree(d)
+    if distributed.broadcast_object(done, what="the start-up check of the run folder"):
+        return d
     ctx = build_context(cfg, data=data)
     ctx.rank, ctx.world = rank, world
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
     if writer:
         d.mkdir(parents=True, exist_ok=True)
-        results.write_json(d / "config.json", {"run_id": cfg.run_id(), **cfg.to_dict(), **{"flat": cfg.flat()}})
+        results.write_json(d / "config.json", {"run_id": cfg.run_id(), **cfg.to_dict()})
         results.write_json(d / "partition.json", ctx.partition.to_json(ctx.labels))
         results.write_status(d, "running")
     try:
@@ -149,23 +171,29 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
         if writer:
             results.write_status(d, "diverged", error=str(err))
         return d
-    except BaseException as err:
+    except Exception as err:  # not BaseException: after Ctrl-C / SystemExit the status stays "running"
+        # (unfinished, like a killed run), so the next `dfbench run` or grid resumes it
         if writer:
             results.write_status(d, "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
         raise
 
 
 def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool) -> Path:
+    if cfg.train.compile:  # in place: the parameters stay views of ctx.flat (validated: CUDA, sequential clients)
+        ctx.model.compile()
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
-    start_round, totals = 1, {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None}
-    ck = results.load_checkpoint(d, str(ctx.device))
-    if ck is not None:
-        state = methods.ServerState(params=ck["params"], extra=ck["extra"])
-        ema = ck.get("ema")
-        start_round, totals = ck["round"] + 1, ck["totals"]
-        if writer:
-            results.truncate_rounds(d, ck["round"])
+    totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None}
+    ck = results.load_checkpoint(d, str(ctx.device)) if writer else None
+    # Every rank starts from rank 0's state: the resumed checkpoint (only rank 0 reads it) or
+    # its fresh initial state (seeded, so equal anyway; the broadcast makes sure of it).
+    start = distributed.broadcast_tree(
+        ck if ck is not None else {"round": 0, "params": state.params, "extra": state.extra, "ema": ema, "totals": totals},
+        ctx.device, what="the start-up broadcast of the run state")
+    state = methods.ServerState(params=start["params"], extra=start["extra"])
+    ema, start_round, totals = start.get("ema"), start["round"] + 1, start["totals"]
+    if ck is not None:  # (only rank 0 holds one)
+        results.truncate_rounds(d, ck["round"])
     elif writer and (d / "rounds.jsonl").exists():
         (d / "rounds.jsonl").unlink()
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
@@ -188,11 +216,14 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
                 results.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
         if hasattr(bar, "set_postfix") and row["loss"] is not None:
             bar.set_postfix(loss=f"{row['loss']:.4f}")
-    extra_metrics = method.finalize(state, ctx)
+    # No collective after the last round: the other ranks leave now, rank 0 finalizes
+    # (e.g. trains an expert mixture's router; finalize must not use collectives) and evaluates.
     if not writer:
         return d
-    if cfg.train.rounds == 0:
-        results.save_checkpoint(d, 0, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    extra_metrics = method.finalize(state, ctx)
+    # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
+    # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
+    results.save_checkpoint(d, cfg.train.rounds, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
     from .evaluate_run import evaluate_state
 
     evaluate_state(d, cfg, ctx, method, state, ema, totals, extra_metrics, progress=progress)

@@ -128,3 +128,37 @@ def load_checkpoint(d: Path, device: str = "cpu") -> dict[str, Any] | None:
         except Exception as err:  # noqa: BLE001 - any unreadable file means: try the previous one
             warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); falling back to the previous one")
     return None
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """What the run ran on (for metrics.json and the leaderboard header): versions and hardware."""
+    import platform
+    import subprocess
+
+    import numpy
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "hardware": f"{cpu}, {os.cpu_count()} cores, device {dev}",
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "dfbench_commit": commit,
+    }

@@ -9,6 +9,7 @@ gradient history moves nothing).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +31,46 @@ def draw_batch(images: torch.Tensor, indices: torch.Tensor, batch_size: int, gen
     return images[indices[pick]].float().div_(127.5).sub_(1.0)
 
 
-def make_optimizer(params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast for the forward pass and loss when amp == "bf16"; a no-op otherwise.
+
+    bf16 keeps float32's exponent range, so no loss scaling is needed (unlike fp16).
+    """
+    if amp == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
     """Adam, fresh per client and round (no optimizer state crosses the wire); fused where supported."""
     try:
         return torch.optim.Adam(params, lr=lr, fused=True)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
+def clip_rows_(grad: torch.Tensor, max_norm: float) -> None:
+    """clip_grad_norm_ on flat gradients, one per row of the last dim: scale by min(1, max_norm / (||g|| + 1e-6))."""
+    norms = torch.linalg.vector_norm(grad, 2, dim=-1, keepdim=True)
+    grad.mul_((max_norm / (norms + 1e-6)).clamp_(max=1.0))
+
+
+def flat_grad_(model: nn.Module, flat: torch.Tensor) -> tuple[torch.Tensor, list[nn.Parameter]]:
+    """(a zeroed gradient buffer shaped like `flat`, the parameters), every parameter's .grad a view of it.
+
+    Backward then accumulates in place into the buffer (the grads are defined, so autograd
+    adds into them), and masking, the probe, FedProx, clipping and Adam are each ONE op on
+    the flat vector instead of one per parameter tensor.
+    """
+    grad = torch.zeros_like(flat)
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    if sum(sizes) != flat.numel() or params[0].data_ptr() != flat.data_ptr():
+        raise ValueError("the model's parameters must be the views of `flat` that benchmark.model.flatten_ made")
+    for p, g in zip(params, torch.split(grad, sizes)):
+        p.grad = g.view_as(p)
+    flat.grad = grad
+    return grad, params
 
 
 def local_train(
@@ -54,6 +89,8 @@ def local_train(
     prox_mu: float = 0.0,
     grad_clip: float = 0.0,
     probe_steps: int = 0,
+    amp: str = "off",
+    channels_last: bool = False,
 ) -> LocalResult:
     """Train the model whose parameters are views of `flat`, from `start`, for `steps` steps.
 
@@ -63,41 +100,44 @@ def local_train(
     i.e. the trace of the mini-batch gradient covariance at batch size B. The
     parameters move a little between those steps, so the estimate includes that drift;
     a short window keeps it small. None when probe_steps < 2.
+
+    amp="bf16" runs the forward pass and loss under bf16 autocast (weights, gradients and
+    Adam stay float32). channels_last feeds NHWC batches: the weights stay views of the
+    flat buffer (NCHW), the convolutions follow the input's layout.
     """
     flat.copy_(start)
-    params = [p for p in model.parameters()]
-    opt = make_optimizer(params, lr)
-    mask_views = None
-    if mask is not None:
-        mask_views = [m.view_as(p) for m, p in zip(torch.split(mask, [p.numel() for p in params]), params)]
-    anchor_views = None
-    if prox_mu > 0:
-        anchor_views = [a.view_as(p) for a, p in zip(torch.split(start, [p.numel() for p in params]), params)]
-    probe = min(probe_steps, steps) if probe_steps >= 2 else 0
+    grad, params = flat_grad_(model, flat)  # p.grad are views of grad
+    opt = make_optimizer([flat], lr)  # Adam is elementwise: one flat tensor == every parameter tensor
+    probe = min(probe_steps, steps)
+    probe = probe if probe >= 2 else 0  # a variance needs two gradients (a 1-step straggler has one)
     g_sum = g_sq = None
     total = torch.zeros((), device=flat.device)
     for s in range(steps):
         x0 = draw_batch(images, indices, batch_size, gen)
-        loss = objective.loss(model, x0, gen)
-        opt.zero_grad(set_to_none=False) if s else opt.zero_grad(set_to_none=True)
+        if channels_last:
+            x0 = x0.contiguous(memory_format=torch.channels_last)
+        with autocast(flat.device, amp):
+            loss = objective.loss(model, x0, gen)
+        grad.zero_()
         loss.backward()
-        grads = [p.grad for p in params]
-        if mask_views is not None:
-            torch._foreach_mul_(grads, mask_views)
+        if mask is not None:
+            grad.mul_(mask)
         if s < probe:
-            g = torch.cat([gr.reshape(-1) for gr in grads]).double()
+            g = grad.double()
             g_sum = g.clone() if g_sum is None else g_sum.add_(g)
             g_sq = g.square().sum() if g_sq is None else g_sq + g.square().sum()
-        if anchor_views is not None:
+        if prox_mu > 0:
             # grad of mu/2 ||w - w_global||^2 is mu (w - w_global) (FedProx, Li et al. 2020, eq. 2)
-            diffs = torch._foreach_sub([p.detach() for p in params], anchor_views)
-            torch._foreach_add_(grads, diffs, alpha=prox_mu)
-            if mask_views is not None:
-                torch._foreach_mul_(grads, mask_views)
+            grad.add_(flat - start, alpha=prox_mu)
+            if mask is not None:
+                grad.mul_(mask)
         if grad_clip > 0:
-            nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
+            clip_rows_(grad, grad_clip)
         opt.step()
         total += loss.detach()
+    for p in params:  # no dangling views of this client's gradient buffer
+        p.grad = None
+    flat.grad = None
     sigma1 = None
     if probe:
         sigma1 = float((g_sq - g_sum.square().sum() / probe) / (probe - 1))

@@ -112,11 +112,13 @@ class Method:
 
     # -- aggregation (sums only, so that torch.distributed can all_reduce them) ------
     def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+        # float64 sums: the order in which clients are added (1 process or N ranks) then changes
+        # nothing once the mean is rounded back to float32, so N ranks reproduce one process.
         p = state.params.reshape(-1, ctx.layout.total)
         groups = p.shape[0]
         return {
-            "wsum": torch.zeros_like(p),
-            "wcov": torch.zeros_like(p),
+            "wsum": torch.zeros_like(p, dtype=torch.float64),
+            "wcov": torch.zeros_like(p, dtype=torch.float64),
             "wtotal": torch.zeros(groups, dtype=torch.float64, device=p.device),
         }
 
@@ -137,7 +139,8 @@ class Method:
         rows = []
         for g in range(theta.shape[0]):
             wt = float(acc["wtotal"][g])
-            rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.aggregation) if wt > 0 else theta[g].clone())
+            rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.aggregation).to(theta.dtype)
+                        if wt > 0 else theta[g].clone())
         return ServerState(params=torch.stack(rows).reshape(state.params.shape), extra=state.extra)
 
     # -- end of training and sampling ------------------------------------------------
