@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 RUNS ?= results/runs
 DEVICE ?= cpu
+GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
 .PHONY: help install test demo leaderboard bench-full bench-paper bench-comm bench-experts perf clean-demo
 
@@ -28,23 +29,24 @@ test: $(VENV)/.installed ## run the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest tests
 
 demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untrained baseline, report in results/demo/
-	$(BIN)/dfbench grid demo --out results/demo/runs --device $(DEVICE)
-	$(BIN)/dfbench report --runs results/demo/runs --out results/demo
+	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
+	$(BIN)/dfbench grid demo --out results/demo/runs --device $(DEVICE); status=$$?; \
+	$(BIN)/dfbench report --runs results/demo/runs --out results/demo && exit $$status
 
 leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
 	$(BIN)/dfbench report --runs $(RUNS) --out results
 
 bench-full: $(VENV)/.installed ## every method family x 3 datasets x 3 partitions x 3 seeds (GPU budget)
-	$(BIN)/dfbench grid full --out $(RUNS) --device $(DEVICE)
+	$(BIN)/dfbench grid full --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-paper: $(VENV)/.installed ## the pruning study (random vs top-k, 5 keep ratios, 3 datasets)
-	$(BIN)/dfbench grid paper --out $(RUNS) --device $(DEVICE)
+	$(BIN)/dfbench grid paper --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
-	$(BIN)/dfbench grid comm --out $(RUNS) --device $(DEVICE)
+	$(BIN)/dfbench grid comm --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at the same compute
-	$(BIN)/dfbench grid experts --out $(RUNS) --device $(DEVICE)
+	$(BIN)/dfbench grid experts --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
