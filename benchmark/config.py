@@ -147,8 +147,6 @@ def config_hash(cfg: RunConfig) -> str:
     for key in NON_RESULT_KEYS:
         head, _, rest = key.partition(".")
         (d[head] if rest else d).pop(rest or head, None)
-    if d["train"]["amp"] == "off":
-        d["train"].pop("amp")  # added later: at its default it leaves existing run ids unchanged
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 

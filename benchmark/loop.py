@@ -2,9 +2,9 @@
 
 round r = 1..R:
     sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
-    local training (the ONE shared step)  ->  update = local - start
+    local training (the ONE shared step)  ->  local parameters from plan.start
         (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/batched.py)
-    upload = method.upload(update)        ->  method.accumulate(acc, upload)
+    upload = method.upload(local)         ->  method.accumulate(acc, upload)
     all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
     diagnostics, rounds.jsonl row, atomic checkpoint
 then: method.finalize, fixed-noise samples, grid.png, metrics, status.
