@@ -38,6 +38,7 @@ class RunContext:
     objectives: dict[str, Any] = field(default_factory=dict)  # "ddpm"/"fm" -> objective object
     round: int = 0
     round_weight: float = 1.0  # sum of n_k over this round's clients (set by the loop)
+    progress: bool = False  # tqdm bars for sampling (set by the loop)
     rank: int = 0
     world: int = 1
 
@@ -82,9 +83,18 @@ class RunContext:
         sampler = self.sampler_name(objective)
         self.model.eval()
         out = []
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=noise.shape[0], desc=f"sampling ({sampler}, {self.cfg.eval.sampler_steps} steps)", unit="img", leave=False)
         for i in range(0, noise.shape[0], batch):
             x = noise[i:i + batch].to(self.device)
             out.append(diffusion.sample(obj, self.model, x, sampler, self.cfg.eval.sampler_steps).cpu())
+            if bar is not None:
+                bar.update(x.shape[0])
+        if bar is not None:
+            bar.close()
         self.model.train()
         return torch.cat(out)
 

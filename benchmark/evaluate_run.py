@@ -46,7 +46,7 @@ def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Ten
     return to_uint8(method.sample(params, noise, ctx).cpu())
 
 
-def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str) -> tuple[list[dict[str, Any]], str | None]:
+def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False) -> tuple[list[dict[str, Any]], str | None]:
     """Evaluation rows for the samples, or (rows so far, the reason they are incomplete)."""
     from .evaluation import MissingWeightsError, evaluate_images
 
@@ -54,7 +54,7 @@ def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str) -> tup
         return [], None
     try:
         rows = evaluate_images(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
-                               data_root=cfg.data.root, device=cfg.device)
+                               data_root=cfg.data.root, device=cfg.device, progress=progress)
     except MissingWeightsError as err:
         return [], str(err)
     for row in rows:
@@ -70,12 +70,13 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
                    ema: torch.Tensor | None, totals: dict[str, Any], extra: dict[str, Any], progress: bool = True) -> None:
     t0 = time.perf_counter()
     params = ema if ema is not None else state.params
+    ctx.progress = progress
     samples = generate(cfg, ctx, method, params)
     np.savez_compressed(d / "samples.npz", images=samples.numpy())
     save_grid(samples, cfg.eval.grid, d / "grid.png")
     # a method with its own sampler (expert mixtures) names it in its extra metrics
     sampler = extra.get("mixture_sampler") or ctx.sampler_name(cfg.train.objective)
-    rows, pending = score(d, cfg, samples, sampler)
+    rows, pending = score(d, cfg, samples, sampler, progress)
     rounds = results.read_rounds(d)
     metrics = {
         "evaluations": rows,

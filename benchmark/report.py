@@ -600,13 +600,14 @@ def _metric_notes(evals: pd.DataFrame, group_keys: Iterable[str]) -> list[str]:
     for metric in _ordered_metrics(sub["metric"].unique()):
         m = sub[sub["metric"] == metric]
         parts: list[str] = []
+        mixed = False
         for col in ("extractor", "extractor_sha256", "backend", "num_samples", "sampler", "sampler_steps", "reference", "resize"):
             values = sorted({_fmt_meta(v) for v in m[col] if v is not None and not (isinstance(v, float) and math.isnan(v))})
             if col == "extractor_sha256":
                 values = [v[:12] for v in values]
+            mixed |= len(values) > 1  # (a single value may itself contain "/", e.g. reference=fmnist/train)
             if values:
-                parts.append(f"{col}={'/'.join(values)}")
-        mixed = any("/" in p.split("=", 1)[1] for p in parts)
+                parts.append(f"{col}={' | '.join(values)}")
         notes.append(f"{metric}: {', '.join(parts) or 'no metadata'}" + (" (MIXED settings: not comparable)" if mixed else ""))
     return notes
 

@@ -238,3 +238,16 @@ def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny
     assert "fedavg" in md and "fedprox" in md
     assert "0 run(s) failed" in md
     assert "Hardware: " in md and "cores, device cpu" in md
+
+
+def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
+    from benchmark.report import _metric_notes
+
+    row = {"group_key": "g", "metric": "fd_fmnist", "extractor": "fmnist", "extractor_sha256": "ab" * 32,
+           "backend": "dfbench", "num_samples": 400, "sampler": "heun", "sampler_steps": 8,
+           "reference": "fmnist/train", "resize": "none-28"}
+    same = pd.DataFrame([row, dict(row)])
+    assert "MIXED" not in _metric_notes(same, ["g"])[0]
+    differ = pd.DataFrame([row, {**row, "num_samples": 1000}])
+    note = _metric_notes(differ, ["g"])[0]
+    assert "MIXED" in note and "num_samples=1000 | 400" in note
