@@ -128,7 +128,7 @@ class RunConfig:
                 bad = set(v) - names
                 if bad:
                     raise ConfigError(f"unknown key(s) {sorted(f'{k}.{b}' for b in bad)}; valid: {sorted(f'{k}.{n}' for n in names)}")
-                kw[k] = sec(**{n: _coerce(f"{k}.{n}", _field_type(sec, n), x) for n, x in v.items()})
+                kw[k] = sec(**{n: coerce_value(f"{k}.{n}", _field_type(sec, n), x) for n, x in v.items()})
             elif k in known:
                 kw[k] = v
         return cls(**kw)
@@ -253,7 +253,7 @@ def _field_type(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
-def _coerce(key: str, typ: Any, value: Any) -> Any:
+def coerce_value(key: str, typ: Any, value: Any) -> Any:
     """Convert a CLI string (or JSON value) to the field's type, with a clear error."""
     origin = typing.get_origin(typ)
     args = typing.get_args(typ)
@@ -266,7 +266,7 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
             if type(None) in args:
                 return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(key, inner[0], value)
+        return coerce_value(key, inner[0], value)
     try:
         if typ is bool:
             if isinstance(value, str):
@@ -316,9 +316,9 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
             names = [f.name for f in fields(sec_cls)]
             if rest not in names:
                 raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}")
-            secs[head][rest] = _coerce(key, _field_type(sec_cls, rest), value)
+            secs[head][rest] = coerce_value(key, _field_type(sec_cls, rest), value)
         elif head in top_names and not rest:
-            top[head] = _coerce(key, _field_type(RunConfig, head), value)
+            top[head] = coerce_value(key, _field_type(RunConfig, head), value)
         else:
             valid = sorted(top_names) + [f"{s}.<field>" for s in _SECTIONS] + ["method.<hyperparameter>"]
             raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")

@@ -39,36 +39,6 @@ def get_method_class(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-def _coerce(method: str, key: str, typ: Any, value: Any) -> Any:
-    origin = typing.get_origin(typ)
-    if origin is typing.Literal:
-        allowed = typing.get_args(typ)
-        if value not in allowed:
-            raise ValueError(f"invalid value for 'method.{key}' of {method!r}: {value!r}; allowed: {', '.join(map(str, allowed))}")
-        return value
-    try:
-        if typ is bool:
-            if isinstance(value, str):
-                low = value.lower()
-                if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                    raise ValueError
-                return low in ("true", "1", "yes", "on")
-            return bool(value)
-        if typ is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if typ is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"invalid value for 'method.{key}' of {method!r}: {value!r}; expected {typ.__name__}") from None
-    return value
-
-
 def method_config(name: str, params: Mapping[str, Any]) -> Any:
     """Build (and validate) the method's frozen Config from loose key/values."""
     cls = get_method_class(name)
@@ -78,7 +48,10 @@ def method_config(name: str, params: Mapping[str, Any]) -> Any:
     if unknown:
         valid = ", ".join(f"method.{n}" for n in names) or "(none)"
         raise KeyError(f"unknown hyperparameter(s) {', '.join(f'method.{k}' for k in unknown)} for method {name!r}; valid: {valid}")
-    kwargs = {k: _coerce(name, k, hints[k], v) for k, v in params.items()}
+    # the same conversion as every other config value (CLI strings, JSON values), one place
+    from benchmark.config import coerce_value
+
+    kwargs = {k: coerce_value(f"method.{k}", hints[k], v) for k, v in params.items()}
     cfg = cls.Config(**kwargs)
     check = getattr(cfg, "validate", None)
     if check is not None:
