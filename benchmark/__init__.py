@@ -1,3 +1,3 @@
 """dfbench: the engine (config, diffusion, model, loop, evaluation, results, report, CLI)."""
 
-__version__ = "0.1.0"
+from dfbench import __version__  # noqa: F401  (one version, kept in dfbench/__init__.py)

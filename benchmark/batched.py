@@ -34,7 +34,7 @@ from .diffusion import DDPM, FlowMatching
 from .train import LocalResult, autocast, clip_rows_
 
 if TYPE_CHECKING:
-    from methods.base import ClientPlan
+    from dfbench.methods.base import ClientPlan
 
     from .context import RunContext
     from .model import Layout

@@ -107,7 +107,7 @@ def cmd_grid(a: argparse.Namespace) -> int:
 
 
 def cmd_methods(a: argparse.Namespace) -> int:
-    import methods
+    from dfbench import methods
 
     for name in methods.list_methods(a.pattern):
         cls = methods.get_method_class(name)
@@ -168,7 +168,7 @@ def cmd_perf(a: argparse.Namespace) -> int:
 
 
 def cmd_partition(a: argparse.Namespace) -> int:
-    import datasets
+    from dfbench import datasets
 
     from .plots import plot_partition_heatmap
     from .seeds import derive_seed

@@ -168,7 +168,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
     # The dataset's size is static, so "more clients than samples" fails here, before any data is
     # loaded (build_context checks again against the data actually loaded).
-    from datasets import data_info
+    from dfbench.datasets import data_info
 
     n_train = int(data_info(d.dataset)["num_samples"]["train"])
     _check(d.clients * d.min_client_size <= n_train, "data.clients", d.clients,
@@ -210,13 +210,13 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     _check(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
     # Partition spec and method name / hyperparameters are checked by their owners.
-    from datasets import parse_partition
+    from dfbench.datasets import parse_partition
 
     try:
         parse_partition(d.partition)
     except ValueError as err:
         raise ConfigError(f"invalid value for 'data.partition': {err}") from None
-    from methods import method_config
+    from dfbench.methods import method_config
 
     try:
         mc = method_config(cfg.method, dict(cfg.method_params))

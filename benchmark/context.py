@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import datasets
+from dfbench import datasets
 
 from . import diffusion, distributed
 from .config import RunConfig, parse_capacity

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import methods
+from dfbench import methods
 
 from . import results
 from .config import RunConfig

@@ -78,7 +78,7 @@ def cache_dir() -> Path:
 def _load_dataset(dataset: str, split: str, root: str | Path | None) -> Any:
     # Imported here: `datasets` (the project package) is only needed for
     # reference statistics, not for comparing two folders.
-    import datasets
+    from dfbench import datasets
 
     return datasets.load(dataset, split, root=root)
 

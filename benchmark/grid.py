@@ -498,7 +498,7 @@ class _DataCache:
             return self.fixed
         key = (cfg.data.dataset, cfg.data.root)
         if key not in self.loaded:
-            import datasets
+            from dfbench import datasets
 
             self.loaded[key] = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
         return self.loaded[key]

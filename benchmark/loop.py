@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import methods
+from dfbench import methods
 
 from . import batched, distributed, results
 from .config import RunConfig

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from torch import nn
 
-import datasets
-import methods
+from dfbench import datasets
+from dfbench import methods
 
 from .config import RunConfig, apply_overrides
 from .context import build_context

@@ -881,7 +881,7 @@ def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
     ``skipped`` (a text file listing every plot or mosaic that was skipped and why)
     when anything was skipped.
     """
-    from benchmark.plots import make_plots  # matplotlib is heavy; import only when drawing
+    from dfbench.benchmark.plots import make_plots  # matplotlib is heavy; import only when drawing
 
     root = Path(runs_dir)
     out = Path(out_dir)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from benchmark.context import RunContext
+    from dfbench.benchmark.context import RunContext
 
 FLOAT_BITS = 32
 

@@ -44,15 +44,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import datasets
-from benchmark.velocity import ddpm_velocity, sample_ode
+from dfbench import datasets
+from dfbench.benchmark.velocity import ddpm_velocity, sample_ode
 
 from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
 from .registry import register_method
 from .router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
 
 if TYPE_CHECKING:
-    from benchmark.context import RunContext
+    from dfbench.benchmark.context import RunContext
 
 OBJECTIVES = ("ddpm", "fm")
 MIXING_HELP = "full, top1, topk:K (1 <= K <= num_experts), oracle"

@@ -10,7 +10,7 @@ from .base import ClientPlan, Method, ServerState
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from benchmark.context import RunContext
+    from dfbench.benchmark.context import RunContext
 
 
 @register_method("fedavg")

@@ -48,8 +48,8 @@ from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from benchmark.context import RunContext
-    from benchmark.model import Layout
+    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.model import Layout
 
 SEED_BITS = 64
 Scope = Literal["layer", "global"]

@@ -35,7 +35,7 @@ from .quantization import MAX_BITS, MIN_BITS, ROUNDINGS, dequantize, message_bit
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from benchmark.context import RunContext
+    from dfbench.benchmark.context import RunContext
 
 RESIDUAL_KEY = "ef_residual"
 

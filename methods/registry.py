@@ -49,7 +49,7 @@ def method_config(name: str, params: Mapping[str, Any]) -> Any:
         valid = ", ".join(f"method.{n}" for n in names) or "(none)"
         raise KeyError(f"unknown hyperparameter(s) {', '.join(f'method.{k}' for k in unknown)} for method {name!r}; valid: {valid}")
     # the same conversion as every other config value (CLI strings, JSON values), one place
-    from benchmark.config import coerce_value
+    from dfbench.benchmark.config import coerce_value
 
     kwargs = {k: coerce_value(f"method.{k}", hints[k], v) for k, v in params.items()}
     cfg = cls.Config(**kwargs)

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import datasets  # noqa: E402  (the project package, after the path fix above)
-from benchmark.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier  # noqa: E402
+from dfbench import datasets  # noqa: E402  (the project package, after the path fix above)
+from dfbench.benchmark.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from datasets import ImageSet
+from dfbench.datasets import ImageSet
 
 
 def make_imageset(n: int = 256, channels: int = 1, size: int = 28, seed: int = 0) -> ImageSet:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmark.config import RunConfig, apply_overrides
+from dfbench.benchmark.config import RunConfig, apply_overrides
 
 TINY = {
     "data.clients": 4, "data.min_client_size": 4, "train.rounds": 2, "train.local_steps": 2, "train.batch_size": 8,
@@ -18,7 +18,7 @@ def tiny_config(method: str = "fedavg", params: dict[str, Any] | None = None, ov
 
 
 def final_params(run_dir: Any) -> Any:
-    from benchmark.results import load_checkpoint
+    from dfbench.benchmark.results import load_checkpoint
 
     ck = load_checkpoint(run_dir)
     assert ck is not None, f"no checkpoint in {run_dir}"

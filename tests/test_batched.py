@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-import methods
-from benchmark.batched import (
+from dfbench import methods
+from dfbench.benchmark.batched import (
     ClientJob,
     FunctionalAdam,
     draw_batches,
@@ -17,12 +17,12 @@ from benchmark.batched import (
     noised_inputs,
     train_lockstep,
 )
-from benchmark.config import ConfigError, RunConfig, apply_overrides
-from benchmark.context import build_context
-from benchmark.diffusion import DDPM, FlowMatching
-from benchmark.loop import train_round
-from benchmark.seeds import torch_gen
-from benchmark.train import clip_rows_, draw_batch, local_train
+from dfbench.benchmark.config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.diffusion import DDPM, FlowMatching
+from dfbench.benchmark.loop import train_round
+from dfbench.benchmark.seeds import torch_gen
+from dfbench.benchmark.train import clip_rows_, draw_batch, local_train
 from helpers import tiny_config
 
 

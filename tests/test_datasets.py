@@ -22,9 +22,9 @@ import pytest
 import scipy.io
 import torch
 
-import datasets
-from datasets import DATASETS, DatasetError, ImageSet, data_info, load
-from datasets import sources
+from dfbench import datasets
+from dfbench.datasets import DATASETS, DatasetError, ImageSet, data_info, load
+from dfbench.datasets import sources
 
 FMNIST_SYS = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datasets import DatasetError
-from datasets.safeio import (
+from dfbench.datasets import DatasetError
+from dfbench.datasets.safeio import (
     ALLOWED_PICKLE_GLOBALS,
     UnsafeArchiveError,
     UnsafePickleError,

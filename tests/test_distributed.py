@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 import torch
 
-import methods
-from benchmark import distributed, results
-from benchmark.loop import run
+from dfbench import methods
+from dfbench.benchmark import distributed, results
+from dfbench.benchmark.loop import run
 from helpers import tiny_config
 
 HERE = Path(__file__).resolve().parent
@@ -79,7 +79,7 @@ def _inject_fault(kind: str, at_round: int) -> None:
     """Make this rank die (SIGKILL) or hang as it starts local training in round `at_round`."""
     import signal
 
-    import benchmark.loop as loop
+    import dfbench.benchmark.loop as loop
 
     real_train, real_round = loop.local_train, loop.train_round
     current = {"round": 0}
@@ -154,7 +154,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _crash_in_round_2(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the in-process loop raise when round 2 starts training (leaves round 1's checkpoint)."""
-    import benchmark.loop as loop
+    import dfbench.benchmark.loop as loop
 
     real_round = loop.train_round
 

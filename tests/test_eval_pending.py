@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import benchmark.evaluation as ev
-from benchmark.cli import main
-from benchmark.evaluate_run import evaluate_dir
-from benchmark.loop import run
+import dfbench.benchmark.evaluation as ev
+from dfbench.benchmark.cli import main
+from dfbench.benchmark.evaluate_run import evaluate_dir
+from dfbench.benchmark.loop import run
 from helpers import final_params, tiny_config
 
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from benchmark import evaluation as ev
-from benchmark import features as fe
-from benchmark.fid import frechet_distance, kid
+from dfbench.benchmark import evaluation as ev
+from dfbench.benchmark import features as fe
+from dfbench.benchmark.fid import frechet_distance, kid
 
 ROW_KEYS = {"metric", "value", "std_err", "extractor", "extractor_sha256", "backend", "resize", "num_samples", "reference"}
 
 
 def _fmnist_available() -> bool:
-    import datasets
+    from dfbench import datasets
 
     return datasets.locate("fmnist", "test") is not None
 
@@ -216,7 +216,7 @@ def test_bad_arguments_are_rejected_with_clear_errors(kwargs, error, match):
 
 @needs_fmnist
 def test_committed_fmnist_classifier_is_pinned_and_accurate():
-    import datasets
+    from dfbench import datasets
 
     weights = fe.ASSETS_DIR / fe.FMNIST_CLASSIFIER_FILE
     meta = json.loads((fe.ASSETS_DIR / "fmnist_classifier.json").read_text())
@@ -233,7 +233,7 @@ def test_committed_fmnist_classifier_is_pinned_and_accurate():
 
 @needs_fmnist
 def test_fd_fmnist_grows_monotonically_with_noise_on_real_images(tmp_path, monkeypatch):
-    import datasets
+    from dfbench import datasets
 
     test = datasets.load("fmnist", "test")
     # Reference: 1000 real test images; samples: 300 other real images plus noise.

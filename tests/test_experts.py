@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-import methods
-from benchmark.config import ConfigError
-from benchmark.context import build_context
-from benchmark.diffusion import DDPM, FlowMatching, fixed_noise
-from benchmark.loop import run
-from benchmark.results import load_checkpoint, read_rounds
-from benchmark.velocity import (
+from dfbench import methods
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.diffusion import DDPM, FlowMatching, fixed_noise
+from dfbench.benchmark.loop import run
+from dfbench.benchmark.results import load_checkpoint, read_rounds
+from dfbench.benchmark.velocity import (
     ddpm_abar_at, ddpm_velocity, eps_to_velocity, fm_time_of_step, match_ddpm_index, sample_ode,
 )
-from methods.router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
+from dfbench.methods.router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
 from helpers import final_params, tiny_config
 
 ROUTER = {"router_steps": 20, "router_batch": 16}
@@ -232,7 +232,7 @@ def test_mixed_run_writes_grid_metrics_and_checkpoints_the_router(runs, tiny_dat
     def no_training(*a, **k):
         raise AssertionError("router retrained")
 
-    monkeypatch.setattr("methods.experts.train_router", no_training)
+    monkeypatch.setattr("dfbench.methods.experts.train_router", no_training)
     cfg = tiny_config("experts", {"num_experts": 2, "objectives": "ddpm,fm", "mixing": "full", **ROUTER},
                       {"train.objective": "fm", "data.clients": 3})
     assert run(cfg, d.parents[3], data=tiny_data, progress=False) == d
@@ -310,7 +310,7 @@ def test_grid_file_cells_are_valid_configs():
     import tomllib
     from pathlib import Path
 
-    from benchmark.config import RunConfig, apply_overrides
+    from dfbench.benchmark.config import RunConfig, apply_overrides
 
     grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grids" / "experts.toml").read_text())
     axes = grid["axes"]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-import methods
-from benchmark import grid as G
-from benchmark import loop
-from benchmark.cli import main
-from benchmark.config import ConfigError
+from dfbench import methods
+from dfbench.benchmark import grid as G
+from dfbench.benchmark import loop
+from dfbench.benchmark.cli import main
+from dfbench.benchmark.config import ConfigError
 from helpers import TINY
 
 
@@ -253,7 +253,7 @@ def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data
 
 
 def test_unfinished_and_missing_cells_run_done_and_diverged_are_skipped(tmp_path, tiny_data, monkeypatch):
-    from benchmark import results
+    from dfbench.benchmark import results
 
     grid, out = seeds_grid(tmp_path, rounds=1), tmp_path / "runs"
     for cell, state in zip(grid.cells, ("running", "diverged")):
@@ -267,7 +267,7 @@ def test_unfinished_and_missing_cells_run_done_and_diverged_are_skipped(tmp_path
 
 
 def test_cli_grid_runs_and_reports(tmp_path, tiny_data, monkeypatch, capsys):
-    import datasets
+    from dfbench import datasets
 
     monkeypatch.setattr(datasets, "load", lambda name, split, root=None: tiny_data)
     path = write_grid(tmp_path / "g.toml", {**TINY, "train.rounds": 1}, {"seed": [0]})

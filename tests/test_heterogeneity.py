@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from benchmark.config import ConfigError
-from benchmark.context import assign_local_steps, assign_tiers, sample_round_clients
-from benchmark.loop import run
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.context import assign_local_steps, assign_tiers, sample_round_clients
+from dfbench.benchmark.loop import run
 from helpers import tiny_config
 
 OVER = {"data.clients": 8, "data.min_client_size": 4, "train.rounds": 4, "train.local_steps": 4,

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from benchmark.config import ConfigError
-from benchmark.context import build_context
-from benchmark.loop import run
-from benchmark.seeds import torch_gen
-from benchmark.train import local_train
+from dfbench import methods
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.loop import run
+from dfbench.benchmark.seeds import torch_gen
+from dfbench.benchmark.train import local_train
 from helpers import final_params, tiny_config
 
 
@@ -99,7 +99,7 @@ def test_run_folder_contents_and_same_seed_same_grid(tmp_path, tiny_data):
 
 
 def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
-    from benchmark.diffusion import fixed_noise
+    from dfbench.benchmark.diffusion import fixed_noise
 
     a = fixed_noise(10, (1, 4, 4), base=0)
     b = torch.cat([fixed_noise(4, (1, 4, 4), base=0), fixed_noise(6, (1, 4, 4), base=0, start=4)])

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from benchmark.context import build_context
-from benchmark.loop import run
+from dfbench import methods
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.loop import run
 from helpers import final_params, tiny_config
 
 # Methods that by design send nothing during training; they must report exactly 0 uplink bits.

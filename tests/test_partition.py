@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from datasets import Partition, PartitionSpec, parse_partition, partition
-from datasets.partitioners import MAX_TRIES, cluster_features, mean_tv_distance
+from dfbench.datasets import Partition, PartitionSpec, parse_partition, partition
+from dfbench.datasets.partitioners import MAX_TRIES, cluster_features, mean_tv_distance
 
 FMNIST_SYS = Path("/usr/share/datasets/fashion-mnist")
 
@@ -21,7 +21,7 @@ FMNIST_SYS = Path("/usr/share/datasets/fashion-mnist")
 def fmnist_labels() -> np.ndarray:
     """The real Fashion-MNIST train labels when installed, else same-size balanced labels."""
     if (FMNIST_SYS / "train-labels-idx1-ubyte.gz").is_file():
-        from datasets import load
+        from dfbench.datasets import load
 
         return load("fmnist", "train").labels.numpy()
     return np.random.default_rng(123).permutation(np.repeat(np.arange(10), 6000))
@@ -399,7 +399,7 @@ def test_clusters_errors():
 def test_clusters_on_fmnist_runs_in_reasonable_time():
     if not (FMNIST_SYS / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("Fashion-MNIST not installed")
-    from datasets import load
+    from dfbench.datasets import load
 
     ds = load("fmnist", "test")
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmark.cli import main
+from dfbench.benchmark.cli import main
 
 
 def test_perf_runs_and_writes_the_table(tmp_path, capsys):

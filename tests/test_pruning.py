@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import methods
-from benchmark import loop
-from benchmark.config import ConfigError
-from benchmark.context import build_context
-from benchmark.model import Layout, flatten_
-from benchmark.seeds import torch_gen
-from benchmark.train import local_train
+from dfbench import methods
+from dfbench.benchmark import loop
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.model import Layout, flatten_
+from dfbench.benchmark.seeds import torch_gen
+from dfbench.benchmark.train import local_train
 from helpers import final_params, tiny_config
-from methods.pruning import (SEED_BITS, flop_fraction, keep_count, magnitude_mask, prunable_tensors, random_mask,
+from dfbench.methods.pruning import (SEED_BITS, flop_fraction, keep_count, magnitude_mask, prunable_tensors, random_mask,
                              top_k_mask, weight_macs)
 
 PRUNERS = ["random_prune", "topk_prune"]

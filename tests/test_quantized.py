@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-import methods
-from benchmark import loop
-from benchmark.config import ConfigError
-from benchmark.context import build_context
-from benchmark.loop import run
-from benchmark.model import Layout
-from benchmark.results import load_checkpoint
-from benchmark.seeds import torch_gen
+from dfbench import methods
+from dfbench.benchmark import loop
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.context import build_context
+from dfbench.benchmark.loop import run
+from dfbench.benchmark.model import Layout
+from dfbench.benchmark.results import load_checkpoint
+from dfbench.benchmark.seeds import torch_gen
 from helpers import final_params, tiny_config
-from methods.quantization import dequantize, message_bits, quantize, segment_ids
+from dfbench.methods.quantization import dequantize, message_bits, quantize, segment_ids
 
 EPS32 = float(np.finfo(np.float32).eps)
 

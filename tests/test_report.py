@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from benchmark.report import (  # noqa: E402
+from dfbench.benchmark.report import (  # noqa: E402
     build_report,
     collect,
     format_params,
@@ -226,7 +226,7 @@ def test_only_failures_still_reports(tmp_path: Path) -> None:
 
 def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny_data) -> None:
     # prepare: two real tiny runs (no scoring), as the loop writes them
-    from benchmark.loop import run
+    from dfbench.benchmark.loop import run
     from helpers import tiny_config
 
     for method in ("fedavg", "fedprox"):
@@ -241,7 +241,7 @@ def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny
 
 
 def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
-    from benchmark.report import _metric_notes
+    from dfbench.benchmark.report import _metric_notes
 
     row = {"group_key": "g", "metric": "fd_fmnist", "extractor": "fmnist", "extractor_sha256": "ab" * 32,
            "backend": "dfbench", "num_samples": 400, "sampler": "heun", "sampler_steps": 8,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import methods
-from benchmark import loop, results
-from benchmark.loop import run
+from dfbench import methods
+from dfbench.benchmark import loop, results
+from dfbench.benchmark.loop import run
 from helpers import final_params, tiny_config
 
 TESTS = Path(__file__).parent
@@ -28,8 +28,8 @@ import torch
 torch.set_num_threads(1)
 from conftest import make_imageset
 from helpers import tiny_config
-from benchmark import results
-from benchmark.loop import run
+from dfbench.benchmark import results
+from dfbench.benchmark.loop import run
 
 out, kill_at, over = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 append = results.append_round
@@ -190,7 +190,7 @@ def test_nan_global_model_marks_the_run_diverged(tmp_path, tiny_data, monkeypatc
 
 
 def test_report_lists_a_real_diverged_run_with_its_reason(tmp_path, tiny_data, monkeypatch):
-    from benchmark.report import load_runs
+    from dfbench.benchmark.report import load_runs
 
     _diverge_at_round_2(monkeypatch)
     run(tiny_config(), tmp_path, data=tiny_data, progress=False)

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from benchmark import grid as G
-from benchmark.cli import main
-from benchmark.config import ConfigError
-from benchmark.loop import run
+from dfbench.benchmark import grid as G
+from dfbench.benchmark.cli import main
+from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.loop import run
 from helpers import tiny_config
 
 # (method, method params, overrides, text the error must contain: the key and what is allowed)

@@ -1,0 +1,55 @@
+"""dfbench: benchmark of aggregation and pruning schemes for distributed training of diffusion models.
+
+The card's top-level folders install as one namespace (see pyproject.toml ``package-dir``):
+``dfbench.benchmark`` (the engine), ``dfbench.methods`` (the registry and one file per method)
+and ``dfbench.datasets`` (verified sources and partitioners). Nothing else is importable at top
+level, so dfbench installs beside Hugging Face ``datasets``.
+
+The notebook API (imports are lazy, so ``import dfbench`` is cheap)::
+
+    import dfbench
+    run_dir = dfbench.run(method="fedavg", rounds=2, local_steps=5, out="results/runs")
+    frame = dfbench.load_runs("results/runs")     # one row per evaluation, config keys as columns
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from dfbench.benchmark.config import RunConfig
+
+__all__ = ["__version__", "make_config", "run", "load_runs"]
+
+
+def make_config(config: "RunConfig | None" = None, **settings: Any) -> "RunConfig":
+    """A validated ``RunConfig``: ``make_config(method="fedprox", rounds=5, **{"method.mu": 0.01})``.
+
+    Plain keywords are the ``dfbench run`` flags (``dataset``, ``method``, ``seed``, ``clients``,
+    ``rounds``, ``local_steps``, ``batch_size``, ``lr``, ``partition``, ``device``, ...); dotted
+    keys are ``--set`` overrides (``"train.objective": "fm"``). A bad key or value raises
+    ``ConfigError`` naming it, before any work.
+    """
+    from dfbench.benchmark.api import make_config as _make
+
+    return _make(config, **settings)
+
+
+def run(config: "RunConfig | None" = None, *, out: str | Path = "results/runs", force: bool = False,
+        progress: bool = False, download: bool = False, **settings: Any) -> Path:
+    """Train and evaluate one run (or resume / skip it) and return its run folder."""
+    from dfbench.benchmark.api import run as _run
+
+    return _run(config, out=out, force=force, progress=progress, download=download, **settings)
+
+
+def load_runs(root: str | Path = "results/runs") -> "pd.DataFrame":
+    """Every finished run folder under ``root`` as one DataFrame: one row per evaluation."""
+    from dfbench.benchmark.api import load_runs as _load
+
+    return _load(root)
