@@ -63,7 +63,7 @@ def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:
     """Finished runs under ``root``: one row per evaluation (metric, value, extractor, ...),
     with the run's columns (dataset, partition, method, seed, ``param.*``, ``cfg.*`` config keys,
     uplink, diagnostics) beside it -- the reporter's own tables, joined."""
-    from .report import collect
+    from .report_data import collect
 
     data = collect(root)
     if data.evaluations.empty:

@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dfbench.benchmark.report import primary_metric  # noqa: E402
+from .report_data import primary_metric  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

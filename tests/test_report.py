@@ -241,7 +241,7 @@ def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny
 
 
 def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
-    from dfbench.benchmark.report import _metric_notes
+    from dfbench.benchmark.report_format import metric_notes as _metric_notes
 
     row = {"group_key": "g", "metric": "fd_fmnist", "extractor": "fmnist", "extractor_sha256": "ab" * 32,
            "backend": "dfbench", "num_samples": 400, "sampler": "heun", "sampler_steps": 8,
