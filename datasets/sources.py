@@ -7,8 +7,8 @@ Where data is looked for (first location holding any of the split's files wins):
     3. the dataset's system path (Fashion-MNIST: /usr/share/datasets/fashion-mnist, from the
        Debian package ``dataset-fashion-mnist``)
     4. the download cache $DFBENCH_CACHE/data/<name> (default ~/.cache/dfbench/data/<name>)
-    5. only with ``download=True``: fetch with torchvision's ``download_url`` into the cache
-       (or into ``root`` when given), then load exactly as above.
+    5. only with ``download=True``: fetch the published files (:func:`download_dataset`, the same code as
+       ``dfbench fetch NAME``) into the cache (or into ``root`` when given), then load as above.
 
 Each location is searched as-is and in a few conventional sub-folders (``fashion-mnist/``,
 ``FashionMNIST/raw/``, ``cifar-10-batches-py/``, ``svhn/``...).
@@ -18,6 +18,10 @@ Integrity: every file is hashed BEFORE it is parsed and compared with :data:`CHE
 accepted; CIFAR-10/SVHN: the md5s published by the dataset authors, as listed in torchvision).
 The bytes that were hashed are the bytes that are parsed (no re-read). Pickled CIFAR batches
 are only unpickled after verification and then with :func:`datasets.safeio.safe_unpickle`.
+
+Downloads (:func:`download_dataset`) are verified twice: the downloaded file against its published
+checksum before it is renamed into place (:data:`DOWNLOAD_CHECKSUMS`, falling back to
+:data:`CHECKSUMS` for files that are downloaded as they are read), then on every load as above.
 
 There is no switch to skip verification. Tests that need small synthetic files register
 their digests by monkeypatching :data:`CHECKSUMS` (e.g.
@@ -36,7 +40,9 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
 import struct
+import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .download import DownloadError, download_file
 from .errors import DatasetError
 from .safeio import UnsafeArchiveError, UnsafePickleError, read_tar_members, safe_extract, safe_unpickle
 
@@ -53,6 +60,7 @@ __all__ = [
     "ENV_VAR",
     "CACHE_ENV_VAR",
     "CHECKSUMS",
+    "DOWNLOAD_CHECKSUMS",
     "DatasetError",
     "ImageSet",
     "load",
@@ -60,6 +68,9 @@ __all__ = [
     "locate",
     "cache_dir",
     "clear_cache",
+    "download_dataset",
+    "missing",
+    "download_files",
 ]
 
 DATASETS: tuple[str, ...] = ("fmnist", "svhn", "cifar10")
@@ -93,6 +104,21 @@ CHECKSUMS: dict[str, dict[str, tuple[str, str]]] = {
         "train_32x32.mat": ("md5", "e26dedcc434d2e4c54c9b2d4a06d8373"),
         "test_32x32.mat": ("md5", "eb5a983be6a315427106f1b164d9cef3"),
     },
+}
+
+#: Checksums of downloaded files that are not themselves in :data:`CHECKSUMS`: the upstream
+#: Fashion-MNIST ``.gz`` files (md5 as listed in torchvision 0.29 ``FashionMNIST.resources``).
+#: SVHN's ``.mat`` files and the CIFAR-10 archive are downloaded as they are read, so their
+#: :data:`CHECKSUMS` entries serve both purposes.
+DOWNLOAD_CHECKSUMS: dict[str, dict[str, tuple[str, str]]] = {
+    "fmnist": {
+        "train-images-idx3-ubyte.gz": ("md5", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+        "train-labels-idx1-ubyte.gz": ("md5", "25c81989df183df01b3e8a0aad5dffbe"),
+        "t10k-images-idx3-ubyte.gz": ("md5", "bef4ecab320f06d8554ea6380940ec79"),
+        "t10k-labels-idx1-ubyte.gz": ("md5", "bb300cfdad3c16e7a12a480ee83cd310"),
+    },
+    "cifar10": {},
+    "svhn": {},
 }
 
 _DIGEST_LEN = {"sha256": 64, "md5": 32}
@@ -135,28 +161,21 @@ class _Spec:
     files: dict[str, tuple[str, ...]]  # split -> logical files
     subdirs: tuple[str, ...]
     system_paths: tuple[str, ...]
-    downloads: dict[str, tuple[tuple[str, str, str], ...]]  # split -> (url, filename, md5 of download)
+    downloads: dict[str, tuple[tuple[str, str], ...]]  # split -> (url, filename); checksums: _download_checksum
     how_to_get: str
     classes: tuple[str, ...] = field(default=())
 
 
 _FMNIST_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
-# md5 of the upstream .gz downloads (torchvision FashionMNIST.resources), used by download_url
-_FMNIST_GZ_MD5 = {
-    "train-images-idx3-ubyte": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    "train-labels-idx1-ubyte": "25c81989df183df01b3e8a0aad5dffbe",
-    "t10k-images-idx3-ubyte": "bef4ecab320f06d8554ea6380940ec79",
-    "t10k-labels-idx1-ubyte": "bb300cfdad3c16e7a12a480ee83cd310",
-}
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 _CIFAR_ARCHIVE = "cifar-10-python.tar.gz"
 _CIFAR_DIR = "cifar-10-batches-py"
 _SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 
 
-def _fmnist_downloads(prefix: str) -> tuple[tuple[str, str, str], ...]:
+def _fmnist_downloads(prefix: str) -> tuple[tuple[str, str], ...]:
     return tuple(
-        (_FMNIST_MIRROR + f + ".gz", f + ".gz", _FMNIST_GZ_MD5[f])
+        (_FMNIST_MIRROR + f + ".gz", f + ".gz")
         for f in (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
     )
 
@@ -180,8 +199,8 @@ _SPECS: dict[str, _Spec] = {
             "/usr/share/datasets/fashion-mnist), or put train-images-idx3-ubyte.gz, "
             "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz "
             "(from https://github.com/zalandoresearch/fashion-mnist; .gz or uncompressed) in a "
-            f"folder DIR and pass `--data-root DIR` (or set {ENV_VAR}=DIR), or load with "
-            "download=True"
+            f"folder DIR and pass `--data-root DIR` (or set {ENV_VAR}=DIR), or run `dfbench fetch "
+            "fmnist` on a machine with internet (Python: load(..., download=True))"
         ),
         classes=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                  "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
@@ -195,12 +214,12 @@ _SPECS: dict[str, _Spec] = {
         files={"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
         subdirs=("cifar10", "cifar-10", "CIFAR10"),
         system_paths=("/usr/share/datasets/cifar10", "/usr/share/datasets/cifar-10"),
-        downloads={s: ((_CIFAR_URL, _CIFAR_ARCHIVE, "c58f30108f718f92721af3b95e74349a"),) for s in SPLITS},
+        downloads={s: ((_CIFAR_URL, _CIFAR_ARCHIVE),) for s in SPLITS},
         how_to_get=(
             f"download {_CIFAR_ARCHIVE} (python version, md5 c58f30108f718f92721af3b95e74349a) from "
             "https://www.cs.toronto.edu/~kriz/cifar.html, put the archive or its extracted "
             f"{_CIFAR_DIR}/ folder in a folder DIR and pass `--data-root DIR` (or set {ENV_VAR}=DIR), "
-            "or load with download=True"
+            "or run `dfbench fetch cifar10` on a machine with internet (Python: load(..., download=True))"
         ),
         classes=("airplane", "automobile", "bird", "cat", "deer",
                  "dog", "frog", "horse", "ship", "truck"),
@@ -215,12 +234,13 @@ _SPECS: dict[str, _Spec] = {
         subdirs=("svhn", "SVHN"),
         system_paths=("/usr/share/datasets/svhn",),
         downloads={
-            "train": ((_SVHN_URL + "train_32x32.mat", "train_32x32.mat", "e26dedcc434d2e4c54c9b2d4a06d8373"),),
-            "test": ((_SVHN_URL + "test_32x32.mat", "test_32x32.mat", "eb5a983be6a315427106f1b164d9cef3"),),
+            "train": ((_SVHN_URL + "train_32x32.mat", "train_32x32.mat"),),
+            "test": ((_SVHN_URL + "test_32x32.mat", "test_32x32.mat"),),
         },
         how_to_get=(
             f"download train_32x32.mat and test_32x32.mat from {_SVHN_URL} into a folder DIR and "
-            f"pass `--data-root DIR` (or set {ENV_VAR}=DIR), or load with download=True"
+            f"pass `--data-root DIR` (or set {ENV_VAR}=DIR), or run `dfbench fetch svhn` on a machine with "
+            "internet (Python: load(..., download=True))"
         ),
         classes=tuple(str(i) for i in range(10)),
     ),
@@ -283,7 +303,7 @@ def data_info(name: str) -> dict:
         "system_paths": list(spec.system_paths),
         "env_var": ENV_VAR,
         "cache_dir": str(cache_dir(key)),
-        "urls": sorted({u for dl in spec.downloads.values() for (u, _, _) in dl}),
+        "urls": sorted({u for dl in spec.downloads.values() for (u, _) in dl}),
         "how_to_get": spec.how_to_get,
     }
 
@@ -605,25 +625,82 @@ def _not_found(key: str, split: str, searched: list[str], download: bool) -> Dat
     )
 
 
-def _download(key: str, split: str, dest: Path) -> None:
-    spec = _SPECS[key]
-    try:
-        from torchvision.datasets import utils as tv_utils
-    except ImportError as e:  # pragma: no cover - torchvision is a dependency
-        raise DatasetError(f"download=True needs torchvision ({e}). To get {spec.title} by hand: {spec.how_to_get}") from e
-    dest.mkdir(parents=True, exist_ok=True)
-    for url, filename, md5 in spec.downloads[split]:
+def _download_checksum(key: str, filename: str) -> tuple[str, str]:
+    algo, digest = DOWNLOAD_CHECKSUMS[key].get(filename) or _expected(key, filename)
+    return algo, digest.lower()
+
+
+def download_files(name: str, splits: tuple[str, ...] = SPLITS) -> list[tuple[str, str, str, str]]:
+    """The published files of ``splits``: (official URL, file name, algorithm, digest), each once."""
+    key = _canonical(name)
+    out: dict[str, tuple[str, str, str, str]] = {}
+    for split in splits:
+        for url, filename in _SPECS[key].downloads[_check_split(split)]:
+            out.setdefault(filename, (url, filename, *_download_checksum(key, filename)))
+    return list(out.values())
+
+
+def download_dataset(name: str, dest: str | os.PathLike | None = None, *, splits: tuple[str, ...] = SPLITS,
+             progress: bool = True) -> Path:
+    """Fetch the published files of ``splits`` into ``dest`` (default :func:`cache_dir`), each
+    verified before it is renamed into place (see :mod:`datasets.download`; ``$DFBENCH_MIRROR``
+    is honoured); files already there with the right checksum are not fetched again. CIFAR-10's
+    archive is then extracted (safely). Returns ``dest``. Raises :class:`DownloadError` whose
+    message ends with where to place the files by hand."""
+    key = _canonical(name)
+    folder = Path(os.fspath(dest)).expanduser() if dest is not None else cache_dir(key)
+    for url, filename, algo, digest in download_files(key, splits):
         try:
-            tv_utils.download_url(url, str(dest), filename=filename, md5=md5)
-        except Exception as e:
-            raise DatasetError(
-                f"downloading {url} into {dest / filename} failed ({type(e).__name__}: {e}). "
-                f"Without network access, fetch it elsewhere: {spec.how_to_get}"
-            ) from e
+            download_file(url, folder / filename, algo, digest, progress=progress)
+        except DownloadError as e:
+            e.args = (f"{e}\nWithout network access, get {_SPECS[key].title} by hand: {_SPECS[key].how_to_get}.",)
+            raise
     if key == "cifar10":
-        arc = dest / _CIFAR_ARCHIVE
-        _verify(key, _CIFAR_ARCHIVE, str(arc), _read(arc, key, split))
-        safe_extract(arc, dest)
+        _extract_cifar(folder)
+    return folder
+
+
+def _extract_cifar(folder: Path) -> None:
+    """Extract the (verified) archive's batches next to it; an existing folder only gains the
+    batches it lacks (nothing is deleted), and a half-done extraction never shows up there."""
+    target = folder / _CIFAR_DIR
+    wanted = [f for fs in _SPECS["cifar10"].files.values() for f in fs]
+    if all((target / f).is_file() for f in wanted):
+        return
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".extract-"))
+    try:
+        safe_extract(folder / _CIFAR_ARCHIVE, tmp)
+        if not target.exists():
+            os.replace(tmp / _CIFAR_DIR, target)
+        else:
+            for f in wanted:
+                if not (target / f).is_file():
+                    os.replace(tmp / _CIFAR_DIR / f, target / f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _incomplete(key: str, split: str, found: _Found) -> DatasetError | None:
+    missing_files = [f for f, p in found.files if p is None]
+    if not missing_files:
+        return None
+    suffix = "[.gz]" if key == "fmnist" else ""
+    return DatasetError(
+        f"{_SPECS[key].title} ({split}): {', '.join(m + suffix for m in missing_files)} missing in "
+        f"{found.where} (found {', '.join(str(p.name) for _, p in found.files if p)}). "
+        f"To get it: {_SPECS[key].how_to_get}."
+    )
+
+
+def missing(name: str, split: str = "train", root: str | os.PathLike | None = None) -> str | None:
+    """None when :func:`load` would find every file of the split (not yet verified), else the
+    message :func:`load` would raise (what was looked for where, and how to get it)."""
+    key, split = _canonical(name), _check_split(split)
+    found, searched = _locate(key, split, root)
+    if found is None:
+        return str(_not_found(key, split, searched, False))
+    err = _incomplete(key, split, found)
+    return None if err is None else str(err)
 
 
 def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
@@ -638,19 +715,14 @@ def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
     incomplete = found is not None and any(p is None for _, p in found.files)
     if download and (found is None or (incomplete and dest in (found.where, *found.where.parents))):
         # nothing found, or an interrupted download in the download folder: (re)fetch
-        _download(key, split, dest)
+        download_dataset(key, dest, splits=(split,))
         found, more = _locate(key, split, dest)
         searched += more
     if found is None:
         raise _not_found(key, split, searched, download)
-    missing = [f for f, p in found.files if p is None]
-    if missing:
-        suffix = "[.gz]" if key == "fmnist" else ""
-        raise DatasetError(
-            f"{_SPECS[key].title} ({split}): {', '.join(m + suffix for m in missing)} missing in "
-            f"{found.where} (found {', '.join(str(p.name) for _, p in found.files if p)}). "
-            f"To get it: {_SPECS[key].how_to_get}."
-        )
+    err = _incomplete(key, split, found)
+    if err is not None:
+        raise err
     files = tuple((f, str(Path(p).resolve())) for f, p in found.files)
     stamp = []
     for _, p in files:

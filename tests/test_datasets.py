@@ -25,6 +25,8 @@ import torch
 from dfbench import datasets
 from dfbench.datasets import DATASETS, DatasetError, ImageSet, data_info, load
 from dfbench.datasets import sources
+from dfbench.datasets.sources import download_files
+from http_files import serve
 
 FMNIST_SYS = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(
@@ -559,30 +561,34 @@ def test_svhn_not_found_mentions_source(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# download (torchvision's download_url replaced by a local copy: no network here)
+# download: files served over real HTTP on 127.0.0.1 through $DFBENCH_MIRROR (no network here)
 
 
 def test_download_into_cache(tmp_path, monkeypatch):
     src = tmp_path / "upstream"
     make_svhn(src, monkeypatch, "test")
-    calls = []
-
-    def fake_download_url(url, root, filename=None, md5=None, max_redirect_hops=3):
-        calls.append((url, filename))
-        assert md5 == "eb5a983be6a315427106f1b164d9cef3"  # the published md5 is passed on
-        shutil.copy(src / filename, Path(root) / filename)
-
-    import torchvision.datasets.utils as tvu
-
-    monkeypatch.setattr(tvu, "download_url", fake_download_url)
     with pytest.raises(DatasetError, match="download=True"):
         load("svhn", "test")
-    ds = load("svhn", "test", download=True)
-    cache = tmp_path / "cache" / "data" / "svhn"
-    assert calls == [("http://ufldl.stanford.edu/housenumbers/test_32x32.mat", "test_32x32.mat")]
-    assert ds.source == str(cache / "test_32x32.mat")
-    sources.clear_cache()
-    assert load("svhn", "test").source == ds.source  # found in the cache without downloading
+    assert download_files("svhn", ("test",)) == [  # the official address; the digest registered above
+        ("http://ufldl.stanford.edu/housenumbers/test_32x32.mat", "test_32x32.mat", "sha256",
+         sources.CHECKSUMS["svhn"]["test_32x32.mat"][1])]
+    with serve({"test_32x32.mat": (src / "test_32x32.mat").read_bytes()}) as server:
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        ds = load("svhn", "test", download=True)
+        cache = tmp_path / "cache" / "data" / "svhn"
+        assert server.requests == ["test_32x32.mat"]
+        assert ds.source == str(cache / "test_32x32.mat")
+        sources.clear_cache()
+        assert load("svhn", "test").source == ds.source  # found in the cache without downloading
+        assert server.requests == ["test_32x32.mat"]
+
+
+def test_published_download_checksums():
+    files = {f: (algo, d) for _, f, algo, d in download_files("fmnist")}
+    assert files["t10k-labels-idx1-ubyte.gz"] == ("md5", "bb300cfdad3c16e7a12a480ee83cd310")
+    assert download_files("cifar10") == [("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                                          "cifar-10-python.tar.gz", "md5", "c58f30108f718f92721af3b95e74349a")]
+    assert [f for _, f, _, _ in download_files("svhn")] == ["train_32x32.mat", "test_32x32.mat"]
 
 
 def test_download_completes_an_interrupted_download(tmp_path, monkeypatch):
@@ -593,21 +599,15 @@ def test_download_completes_an_interrupted_download(tmp_path, monkeypatch):
     (d / "t10k-images-idx3-ubyte").write_bytes(imgs)  # the labels never arrived
     trust(monkeypatch, "fmnist", "t10k-images-idx3-ubyte", imgs)
     trust(monkeypatch, "fmnist", "t10k-labels-idx1-ubyte", labs)
-    fetched = []
-
-    def fake_download_url(url, root, filename=None, md5=None, max_redirect_hops=3):
-        fetched.append(filename)
-        if filename.startswith("t10k-labels"):  # (the images are read from the raw file already there)
-            with gzip.open(Path(root) / filename, "wb") as f:
-                f.write(labs)
-
-    import torchvision.datasets.utils as tvu
-
-    monkeypatch.setattr(tvu, "download_url", fake_download_url)
+    gz_images, gz_labels = gzip.compress(imgs), gzip.compress(labs)
+    for name, blob in (("t10k-images-idx3-ubyte.gz", gz_images), ("t10k-labels-idx1-ubyte.gz", gz_labels)):
+        monkeypatch.setitem(sources.DOWNLOAD_CHECKSUMS["fmnist"], name, ("sha256", sha256(blob)))
     with pytest.raises(DatasetError, match="t10k-labels-idx1-ubyte.*missing"):
         load("fmnist", "test", root=d)
-    ds = load("fmnist", "test", root=d, download=True)
-    assert "t10k-labels-idx1-ubyte.gz" in fetched and ds.labels.tolist() == [1, 2]
+    with serve({"t10k-images-idx3-ubyte.gz": gz_images, "t10k-labels-idx1-ubyte.gz": gz_labels}) as server:
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        ds = load("fmnist", "test", root=d, download=True)
+    assert "t10k-labels-idx1-ubyte.gz" in server.requests and ds.labels.tolist() == [1, 2]
 
 
 def test_download_cifar_archive_extracted_safely(tmp_path, monkeypatch):
@@ -617,24 +617,17 @@ def test_download_cifar_archive_extracted_safely(tmp_path, monkeypatch):
     blob = _tar_dir(tmp_path / "ex" / "cifar-10-batches-py", up / "cifar-10-python.tar.gz",
                     "cifar-10-batches-py")
     trust(monkeypatch, "cifar10", "cifar-10-python.tar.gz", blob)
-
-    def fake_download_url(url, root, filename=None, md5=None, max_redirect_hops=3):
-        shutil.copy(up / filename, Path(root) / filename)
-
-    import torchvision.datasets.utils as tvu
-
-    monkeypatch.setattr(tvu, "download_url", fake_download_url)
-    ds = load("cifar10", "test", root=tmp_path / "mine", download=True)
+    with serve({"cifar-10-python.tar.gz": blob}) as server:
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        ds = load("cifar10", "test", root=tmp_path / "mine", download=True)
     assert ds.source == str(tmp_path / "mine" / "cifar-10-batches-py")
     assert ds.images.shape == (3, 3, 32, 32)
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["cifar-10-batches-py", "cifar-10-python.tar.gz"]
 
 
 def test_download_failure_is_a_dataset_error(tmp_path, monkeypatch):
-    import torchvision.datasets.utils as tvu
-
-    def offline(*a, **k):
-        raise OSError("network unreachable")
-
-    monkeypatch.setattr(tvu, "download_url", offline)
-    with pytest.raises(DatasetError, match="network unreachable.*ufldl"):
-        load("svhn", "train", download=True)
+    with serve({}) as server:  # the mirror answers 404
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        with pytest.raises(DatasetError, match="(?s)HTTP 404.*ufldl"):
+            load("svhn", "train", download=True)
+    assert not any((tmp_path / "cache" / "data" / "svhn").iterdir())  # no partial file left
