@@ -19,6 +19,10 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
+# ConfigError and the value conversion live in a leaf module so that the method registry can use
+# them at import time without importing this module (which validates through the registry).
+from .values import ConfigError, coerce_value, parse_value  # noqa: F401  (re-exported)
+
 DATASETS = ("fmnist", "svhn", "cifar10")
 Objective = Literal["ddpm", "fm"]
 Schedule = Literal["linear", "cosine"]
@@ -26,10 +30,6 @@ Sampler = Literal["auto", "ddim", "euler", "heun"]
 Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key and the allowed values."""
 
 
 @dataclass(frozen=True)
@@ -251,54 +251,6 @@ _SECTIONS = ("data", "train", "system", "eval")
 
 def _field_type(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
-
-
-def coerce_value(key: str, typ: Any, value: Any) -> Any:
-    """Convert a CLI string (or JSON value) to the field's type, with a clear error."""
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {', '.join(map(str, args))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            if type(None) in args:
-                return None
-        inner = [a for a in args if a is not type(None)]
-        return coerce_value(key, inner[0], value)
-    try:
-        if typ is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            return bool(value)
-        if typ is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            if isinstance(value, bool):
-                raise ValueError
-            return int(value)
-        if typ is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"invalid value for '{key}': {value!r}; expected {getattr(typ, '__name__', typ)}") from None
-    return value
-
-
-def parse_value(text: str) -> Any:
-    """Parse a `--set` value: JSON if it parses (numbers, true/false), else the raw string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:

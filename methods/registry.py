@@ -7,6 +7,8 @@ import fnmatch
 import typing
 from typing import Any, Callable, Mapping, TypeVar
 
+from dfbench.benchmark.values import coerce_value
+
 from .base import Method
 
 M = TypeVar("M", bound=type[Method])
@@ -49,8 +51,6 @@ def method_config(name: str, params: Mapping[str, Any]) -> Any:
         valid = ", ".join(f"method.{n}" for n in names) or "(none)"
         raise KeyError(f"unknown hyperparameter(s) {', '.join(f'method.{k}' for k in unknown)} for method {name!r}; valid: {valid}")
     # the same conversion as every other config value (CLI strings, JSON values), one place
-    from dfbench.benchmark.config import coerce_value
-
     kwargs = {k: coerce_value(f"method.{k}", hints[k], v) for k, v in params.items()}
     cfg = cls.Config(**kwargs)
     check = getattr(cfg, "validate", None)

@@ -1,0 +1,65 @@
+"""Config values: the error type and the one conversion of CLI strings / JSON values to field types.
+
+A leaf module (standard library only): ``benchmark/config.py`` and the method
+registry both convert values through it, so the registry needs no import of the
+config module, which validates method hyperparameters through the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and the allowed values."""
+
+
+def coerce_value(key: str, typ: Any, value: Any) -> Any:
+    """Convert a CLI string (or JSON value) to the field's type, with a clear error."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {', '.join(map(str, args))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return coerce_value(key, inner[0], value)
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid value for '{key}': {value!r}; expected {getattr(typ, '__name__', typ)}") from None
+    return value
+
+
+def parse_value(text: str) -> Any:
+    """Parse a `--set` value: JSON if it parses (numbers, true/false), else the raw string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

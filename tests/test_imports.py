@@ -1,0 +1,221 @@
+"""The package's import graph has no circles, and no engine file is over ~500 lines.
+
+The graph is built statically (``ast`` over the package files, relative imports
+resolved against the installed names: ``dfbench.benchmark`` is the folder
+``benchmark/``, see pyproject.toml ``package-dir``). Two graphs are checked:
+module-level imports (what runs at import time, where a circle breaks imports),
+and every import including the late ones inside functions (a late import only
+hides a circle; the code still depends both ways). ``if TYPE_CHECKING:`` imports
+never run and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Installed package name -> folder in the repository (pyproject.toml [tool.setuptools.package-dir]).
+PACKAGES: dict[str, Path] = {
+    "dfbench": ROOT / "dfbench",
+    "dfbench.benchmark": ROOT / "benchmark",
+    "dfbench.benchmark.grids": ROOT / "benchmark" / "grids",
+    "dfbench.methods": ROOT / "methods",
+    "dfbench.datasets": ROOT / "datasets",
+}
+MAX_LINES = 500
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (``dfbench.benchmark.config`` -> its file)."""
+    modules: dict[str, Path] = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            modules[name] = path
+    return modules
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Imports run at import time: top level, and inside if/try/with blocks, not in defs or classes.
+
+    ``if TYPE_CHECKING:`` blocks are skipped: they never run.
+    """
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            test = node.test
+            is_type_checking = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+            if not is_type_checking:
+                found += _module_level(node.body)
+            found += _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            found += _module_level(node.body)
+            for handler in node.handlers:
+                found += _module_level(handler.body)
+            found += _module_level(node.orelse) + _module_level(node.finalbody)
+        elif isinstance(node, ast.With):
+            found += _module_level(node.body)
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (never executed)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+                skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skipped
+
+
+def imported_modules(name: str, path: Path, known: set[str], *, late: bool = False) -> set[str]:
+    """The package modules that module ``name`` imports at import time (``late``: anywhere)."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if late:
+        skipped = _type_checking_only(tree)
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
+    else:
+        nodes = _module_level(tree.body)
+    targets: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base_parts = package.split(".")
+                base = ".".join(base_parts[: len(base_parts) - (node.level - 1)])
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            # `from pkg import mod` imports the submodule pkg.mod when one exists.
+            candidates = [source] + [f"{source}.{alias.name}" for alias in node.names]
+        for candidate in candidates:
+            # `import a.b.c` also runs a and a.b: each package on the way is imported.
+            parts = candidate.split(".")
+            for end in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:end])
+                if prefix in known and prefix != name:
+                    targets.add(prefix)
+    return targets
+
+
+def import_graph(*, late: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (module level, or with ``late`` every import)."""
+    modules = package_modules()
+    known = set(modules)
+    return {name: imported_modules(name, path, known, late=late) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as [a, b, ..., a], or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def _strip_package_parents(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Drop edges from a module to the packages it lives in.
+
+    ``from . import x`` inside ``dfbench.methods.y`` names the package only to reach its
+    submodule, and a parent package is always initialised before its children: Python
+    imports ``dfbench.methods`` first, so that edge cannot be what closes a circle.
+    """
+    return {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
+
+
+def test_find_cycle_names_a_circle() -> None:
+    # prepare: a -> b -> c -> a, plus a branch d -> a that is not on the circle
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    # execute / assert
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_relative_imports_are_resolved(tmp_path: Path) -> None:
+    # prepare: a module in dfbench.benchmark with relative, absolute, late and TYPE_CHECKING imports
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from .config import RunConfig\n"
+        "from ..methods import registry\n"
+        "import dfbench.datasets.sources\n"
+        "if TYPE_CHECKING:\n    from .loop import run\n"
+        "def late():\n    from .report import build_report\n"
+    )
+    known = {"dfbench", "dfbench.benchmark", "dfbench.benchmark.config", "dfbench.methods",
+             "dfbench.methods.registry", "dfbench.datasets", "dfbench.datasets.sources",
+             "dfbench.benchmark.loop", "dfbench.benchmark.report", "dfbench.benchmark.mod"}
+    # execute
+    found = imported_modules("dfbench.benchmark.mod", source, known)
+    found_late = imported_modules("dfbench.benchmark.mod", source, known, late=True)
+    # assert: module-level imports only, each package on the way included; late adds the one in def
+    eager = {"dfbench", "dfbench.benchmark", "dfbench.benchmark.config", "dfbench.methods",
+             "dfbench.methods.registry", "dfbench.datasets", "dfbench.datasets.sources"}
+    assert found == eager
+    assert found_late == eager | {"dfbench.benchmark.report"}
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["module-level", "with-late-imports"])
+def test_package_import_graph_has_no_cycles(late: bool) -> None:
+    graph = _strip_package_parents(import_graph(late=late))
+    # the resolver sees the real tree (guards against a vacuous pass on an empty graph)
+    assert "dfbench.methods.registry" in graph["dfbench.methods"]
+    assert "dfbench.benchmark.report_data" in graph["dfbench.benchmark.report"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or []) + (
+        " (counting imports inside functions: a late import hides a circle, it does not remove it)" if late else "")
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
+    """Each module imported first, alone: a circle or a missing name would raise ImportError."""
+    names = sorted(n for n in package_modules() if not n.endswith(".__main__"))  # __main__ runs the CLI
+    # One interpreter for speed: dfbench.* is dropped from sys.modules before each import, so
+    # every module starts from nothing of the package (torch and friends stay loaded).
+    script = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'dfbench' or m.startswith('dfbench.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    importlib.import_module(name)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "MPLBACKEND": "Agg"})
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmark").glob("*.py")), ids=lambda p: p.name)
+def test_engine_files_stay_short(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (limit {MAX_LINES}): split it by concern"
