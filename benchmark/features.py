@@ -9,19 +9,20 @@ Three extractors, each named in every metric row it produces:
 - ``inception``: the standard FID network, pytorch-fid's ``InceptionV3``
   pool3 (2048-d) with the TF-Inception port ``pt_inception-2015-12-05-6726825d.pth``.
 - ``clean``: clean-fid's TorchScript TF-Inception with clean-fid's own resize
-  (PIL bicubic, ``clean`` mode) or its ``legacy_tensorflow`` mode.
+  (PIL bicubic, ``clean`` mode) or its ``legacy_tensorflow`` mode (see
+  ``benchmark/clean_fid.py``).
 
-Nothing is ever downloaded: a weights file is looked up locally, its sha256 is
-checked, and only then is it loaded (``torch.load(weights_only=True)``; the
-clean-fid file is TorchScript, which ``torch.jit.load`` runs, so the hash check
-is what makes loading it safe). A missing file raises `MissingWeightsError`
-naming the file, its size, hash, source URL and where to put it.
+Nothing is downloaded here: a weights file is looked up locally (explicit path,
+env var, ``$DFBENCH_CACHE/weights`` where ``dfbench fetch inception`` /
+``clean-inception`` put it, torch hub's checkpoints), its sha256 is checked, and
+only then is it loaded (``torch.load(weights_only=True)``; the clean-fid file is
+TorchScript, which ``torch.jit.load`` runs, so the hash check is what makes
+loading it safe). A missing file raises `MissingWeightsError` naming the file,
+its size, hash, source URL, the fetch command and where to put it by hand.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +33,27 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from pytorch_fid.inception import (
-    FID_WEIGHTS_URL,
     FIDInceptionA,
     FIDInceptionC,
     FIDInceptionE_1,
     FIDInceptionE_2,
 )
 from torch import nn
+
+# The weights lookup lives in .weights (also used by `dfbench fetch`); re-exported here.
+from .weights import (
+    CLEAN_INCEPTION_WEIGHTS,
+    INCEPTION_WEIGHTS,
+    _KNOWN_WEIGHTS,  # noqa: F401 - the documented test hook (monkeypatch.setitem)
+    MissingWeightsError,
+    WeightsHashError,
+    WeightsSpec,
+    _spec,
+    _verify,
+    file_sha256,
+    find_weights,
+    weights_dir,
+)
 
 __all__ = [
     "ASSETS_DIR",
@@ -56,6 +71,8 @@ __all__ = [
     "find_weights",
     "get_extractor",
     "seeded_fid_inception_state_dict",
+    "to_rgb",
+    "weights_dir",
 ]
 
 ExtractorName = Literal["fmnist", "inception", "clean"]
@@ -68,145 +85,6 @@ FMNIST_CLASSIFIER_FILE = "fmnist_classifier.pt"
 # sha256 of benchmark/assets/fmnist_classifier.pt, as written by
 # scripts/train_fmnist_classifier.py (also recorded in fmnist_classifier.json).
 FMNIST_CLASSIFIER_SHA256 = "8756b342e7577d865356ffd5674c55f2be8489f45033af462381dcced270b06f"
-
-
-@dataclass(frozen=True)
-class WeightsSpec:
-    """What a third-party weights file is and where dfbench looks for it."""
-
-    description: str
-    file_name: str
-    size: int
-    sha256: str
-    url: str
-    env_var: str
-    cli_flag: str | None = None
-    extra_dirs: tuple[Path, ...] = ()
-
-
-# sha256 and size as published by users of pytorch-fid's release asset (the
-# 8-hex prefix in the file name is the torch-hub hash prefix of this digest).
-INCEPTION_WEIGHTS = WeightsSpec(
-    description="FID Inception weights (pytorch-fid)",
-    file_name="pt_inception-2015-12-05-6726825d.pth",
-    size=95_628_359,
-    sha256="6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2",
-    url=FID_WEIGHTS_URL,
-    env_var="DFBENCH_INCEPTION_WEIGHTS",
-    cli_flag="--inception-weights",
-)
-
-# clean-fid's TorchScript port (the StyleGAN2-ADA metrics file); clean-fid
-# itself downloads it to /tmp, so that folder is searched too.
-CLEAN_INCEPTION_WEIGHTS = WeightsSpec(
-    description="clean-fid TorchScript Inception",
-    file_name="inception-2015-12-05.pt",
-    size=95_607_719,
-    sha256="f58cb9b6ec323ed63459aa4fb441fe750cfe39fafad6da5cb504a16f19e958f4",
-    url="https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt",
-    env_var="DFBENCH_CLEAN_INCEPTION_WEIGHTS",
-    cli_flag=None,
-    extra_dirs=(Path("/tmp"),),
-)
-
-# Looked up by key at call time, so tests can substitute a spec for a seeded
-# random network of the real architecture (monkeypatch.setitem).
-_KNOWN_WEIGHTS: dict[str, WeightsSpec] = {
-    "inception": INCEPTION_WEIGHTS,
-    "clean": CLEAN_INCEPTION_WEIGHTS,
-}
-
-
-class MissingWeightsError(RuntimeError):
-    """A required weights file is not on this machine; says what to place where."""
-
-    def __init__(self, spec: WeightsSpec, searched: list[tuple[Path, str]]) -> None:
-        self.spec = spec
-        self.searched = searched
-        hub_target = Path(torch.hub.get_dir()) / "checkpoints" / spec.file_name
-        looked = "\n".join(f"  - {path} ({why})" for path, why in searched) or "  (nowhere)"
-        ways = []
-        if spec.cli_flag:
-            ways.append(f"pass {spec.cli_flag} /path/to/{spec.file_name} (Python: weights=...)")
-        else:
-            ways.append(f"pass weights='/path/to/{spec.file_name}' (Python API)")
-        ways.append(f"export {spec.env_var}=/path/to/{spec.file_name}")
-        ways.append(f"copy it to {hub_target}")
-        steps = "\n".join(f"  {i}. {way}" for i, way in enumerate(ways, start=1))
-        super().__init__(
-            f"{spec.description} not found.\n"
-            f"  file:   {spec.file_name}\n"
-            f"  size:   {spec.size:,} bytes\n"
-            f"  sha256: {spec.sha256}\n"
-            f"  source: {spec.url}\n"
-            f"Looked in:\n{looked}\n"
-            f"Download it on a machine with internet access, then make it visible in one of these ways:\n"
-            f"{steps}\n"
-            f"dfbench never downloads weights itself; the sha256 is checked before loading."
-        )
-
-
-class WeightsHashError(ValueError):
-    """A weights file exists but is not the expected file (sha256 mismatch)."""
-
-    def __init__(self, path: Path, expected: str, actual: str, hint: str = "") -> None:
-        self.path = path
-        self.expected = expected
-        self.actual = actual
-        super().__init__(
-            f"sha256 mismatch for {path}:\n  expected {expected}\n  actual   {actual}\n"
-            f"The file is corrupt, truncated or a different file; it was not loaded.{hint}"
-        )
-
-
-def file_sha256(path: str | Path, chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(chunk_size), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _verify(path: Path, expected: str, url: str | None = None) -> None:
-    actual = file_sha256(path)
-    if actual != expected:
-        hint = f" Download it again from {url}." if url else ""
-        raise WeightsHashError(path, expected, actual, hint)
-
-
-def _candidates(spec: WeightsSpec, weights: str | Path | None) -> list[tuple[Path, str]]:
-    if weights is not None:
-        # An explicit path is the only candidate: silently falling back to
-        # another file would hide a typo.
-        return [(Path(weights).expanduser(), "given explicitly")]
-    found: list[tuple[Path, str]] = []
-    env_value = os.environ.get(spec.env_var)
-    if env_value:
-        found.append((Path(env_value).expanduser(), f"${spec.env_var}"))
-    found.append((Path(torch.hub.get_dir()) / "checkpoints" / spec.file_name, "torch hub checkpoints"))
-    found.extend((folder / spec.file_name, "clean-fid download folder") for folder in spec.extra_dirs)
-    return found
-
-
-def find_weights(key: Literal["inception", "clean"], weights: str | Path | None = None) -> Path:
-    """Locate a third-party weights file (explicit path, env var, torch hub dir).
-
-    Raises `MissingWeightsError` with the placement message if none exists.
-    The hash is not checked here (see `get_extractor`).
-    """
-    spec = _spec(key)
-    searched = _candidates(spec, weights)
-    for path, _ in searched:
-        if path.is_file():
-            return path
-    raise MissingWeightsError(spec, searched)
-
-
-def _spec(key: str) -> WeightsSpec:
-    if key not in _KNOWN_WEIGHTS:
-        raise ValueError(f"unknown weights {key!r}; expected one of {sorted(_KNOWN_WEIGHTS)}")
-    return _KNOWN_WEIGHTS[key]
 
 
 # --------------------------------------------------------------------------- fmnist
@@ -345,7 +223,7 @@ def seeded_fid_inception_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
     return net.state_dict()
 
 
-def _to_rgb(images: torch.Tensor) -> torch.Tensor:
+def to_rgb(images: torch.Tensor) -> torch.Tensor:
     if images.shape[1] == 1:
         # Grayscale repeated to 3 channels, as PIL's convert("RGB") does in
         # pytorch-fid's and clean-fid's image loaders.
@@ -357,49 +235,7 @@ def _to_rgb(images: torch.Tensor) -> torch.Tensor:
 
 def _prepare_inception(images: torch.Tensor) -> torch.Tensor:
     # uint8 -> [0, 1], as torchvision's ToTensor in pytorch-fid's loader.
-    return _to_rgb(images).float() / 255.0
-
-
-# ------------------------------------------------------------------------ clean-fid
-
-
-class _CleanFIDNetwork(nn.Module):
-    """clean-fid's own `InceptionV3W` wrapper around the verified TorchScript file."""
-
-    def __init__(self, path: Path, mode: str) -> None:
-        super().__init__()
-        from cleanfid.inception_torchscript import InceptionV3W
-
-        if path.name != CLEAN_INCEPTION_WEIGHTS.file_name:
-            raise ValueError(
-                f"clean-fid loads its Inception by file name: rename {path} to "
-                f"{CLEAN_INCEPTION_WEIGHTS.file_name} (same folder)"
-            )
-        # resize_inside=True is clean-fid's legacy_tensorflow mode: the
-        # TorchScript graph resizes like TF 1.x; otherwise inputs are 299x299 already.
-        self.model = InceptionV3W(str(path.parent), download=False, resize_inside=mode == "legacy_tensorflow")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
-
-
-def _clean_prepare(mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    from cleanfid.resize import build_resizer
-
-    resize = build_resizer(mode)
-
-    def prepare(images: torch.Tensor) -> torch.Tensor:
-        rgb = _to_rgb(images).cpu()
-        if mode == "legacy_tensorflow":
-            # No resize outside the network; values stay in [0, 255].
-            return rgb.float()
-        # clean mode: clean-fid's PIL bicubic resize per image and channel, on
-        # float32 HWC arrays in [0, 255], as cleanfid.utils.ResizeDataset does.
-        hwc = rgb.permute(0, 2, 3, 1).numpy()
-        resized = np.stack([resize(image) for image in hwc]).astype(np.float32)
-        return torch.from_numpy(resized).permute(0, 3, 1, 2)
-
-    return prepare
+    return to_rgb(images).float() / 255.0
 
 
 # ------------------------------------------------------------------------ extractor
@@ -465,6 +301,11 @@ class Extractor:
         return out
 
 
+def _compose(first: Callable[[torch.Tensor], torch.Tensor],
+             then: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda images: then(first(images))
+
+
 def get_extractor(
     name: ExtractorName,
     *,
@@ -512,10 +353,12 @@ def get_extractor(
             dims=2048, network=FIDInceptionFeatures(inception).eval().to(device),
             prepare=_prepare_inception, device=device,
         )
+    from .clean_fid import CleanFIDNetwork, clean_prepare  # clean-fid is imported only when used
+
     resize = "clean-fid-PIL-bicubic-299" if clean_mode == "clean" else "clean-fid-legacy-tensorflow-299"
     return Extractor(
         name="clean" if clean_mode == "clean" else "clean-legacy_tensorflow", sha256=spec.sha256,
         backend="clean-fid", resize=resize, dims=2048,
-        network=_CleanFIDNetwork(path, clean_mode).eval().to(device),
-        prepare=_clean_prepare(clean_mode), device=device,
+        network=CleanFIDNetwork(path, clean_mode).eval().to(device),
+        prepare=_compose(to_rgb, clean_prepare(clean_mode)), device=device,
     )
