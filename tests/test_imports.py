@@ -15,19 +15,28 @@ import ast
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Installed package name -> folder in the repository (pyproject.toml [tool.setuptools.package-dir]).
-PACKAGES: dict[str, Path] = {
-    "dfbench": ROOT / "dfbench",
-    "dfbench.benchmark": ROOT / "benchmark",
-    "dfbench.benchmark.grids": ROOT / "benchmark" / "grids",
-    "dfbench.methods": ROOT / "methods",
-    "dfbench.datasets": ROOT / "datasets",
-}
+
+
+def _package_folders() -> dict[str, Path]:
+    """Installed package name -> its folder, as pyproject.toml maps them (``package-dir``).
+
+    A subpackage without its own mapping (``dfbench.benchmark.grids``) lives in its parent's folder.
+    """
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders: dict[str, Path] = {}
+    for name in setup["packages"]:  # parents are listed before their subpackages
+        parent, _, leaf = name.rpartition(".")
+        folders[name] = ROOT / setup["package-dir"][name] if name in setup["package-dir"] else folders[parent] / leaf
+    return folders
+
+
+PACKAGES = _package_folders()
 MAX_LINES = 500
 
 
