@@ -66,6 +66,9 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     batched_plans = batched_results = None
     if cfg.train.clients_mode == "batched":  # all plans first, then every client in lockstep (benchmark/batched.py)
         batched_plans = {k: method.client_view(state, k, ctx) for k in mine}
+        if any(p.model is not None or p.step_correction is not None for p in batched_plans.values()):
+            raise ValueError(f"method {cfg.method!r} trains its own network or corrects local steps, which "
+                             "train.clients_mode=batched does not support; use train.clients_mode=sequential")
         batched_results = batched.train_clients(ctx, batched_plans, r)
     for k in mine:
         steps = int(ctx.local_steps[k])
@@ -74,10 +77,11 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         else:
             plan = method.client_view(state, k, ctx)
             res = local_train(
-                ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(plan.objective),
+                plan.model if plan.model is not None else ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
+                ctx.get_objective(plan.objective),
                 steps=steps, batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=ctx.gen("client", r, k),
                 mask=plan.mask, prox_mu=plan.prox_mu, grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps,
-                amp=cfg.train.amp, channels_last=cfg.train.channels_last,
+                amp=cfg.train.amp, channels_last=cfg.train.channels_last, step_correction=plan.step_correction,
             )
         up = method.upload(res.params, plan, k, state, ctx)
         S[4] += up.uplink_bits

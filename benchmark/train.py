@@ -91,6 +91,7 @@ def local_train(
     probe_steps: int = 0,
     amp: str = "off",
     channels_last: bool = False,
+    step_correction: torch.Tensor | None = None,
 ) -> LocalResult:
     """Train the model whose parameters are views of `flat`, from `start`, for `steps` steps.
 
@@ -104,6 +105,9 @@ def local_train(
     amp="bf16" runs the forward pass and loss under bf16 autocast (weights, gradients and
     Adam stay float32). channels_last feeds NHWC batches: the weights stay views of the
     flat buffer (NCHW), the convolutions follow the input's layout.
+
+    step_correction (SCAFFOLD's c - c_i): after every optimizer step the parameters also move
+    by -lr * step_correction, i.e. the correction is added to the step's direction.
     """
     flat.copy_(start)
     grad, params = flat_grad_(model, flat)  # p.grad are views of grad
@@ -134,6 +138,8 @@ def local_train(
         if grad_clip > 0:
             clip_rows_(grad, grad_clip)
         opt.step()
+        if step_correction is not None:
+            flat.sub_(step_correction, alpha=lr)
         total += loss.detach()
     for p in params:  # no dangling views of this client's gradient buffer
         p.grad = None

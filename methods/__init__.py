@@ -12,6 +12,9 @@ from . import fedavg  # noqa: F401,E402
 from . import experts  # noqa: F401,E402
 from . import pruning  # noqa: F401,E402
 from . import quantized  # noqa: F401,E402
+from . import serveropt  # noqa: F401,E402
+from . import scaffold  # noqa: F401,E402
+from . import heterofl  # noqa: F401,E402
 
 __all__ = [
     "ClientPlan", "Method", "ServerState", "Upload", "masked_weighted_mean",

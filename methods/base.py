@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from dfbench.benchmark.context import RunContext
 
 FLOAT_BITS = 32
@@ -44,6 +46,10 @@ class ClientPlan:
     group: int = 0  # aggregation group (expert index); 0 for federated methods
     downlink_bits: int = 0  # bits the server sent the client to build `start`
     info: dict[str, float] = field(default_factory=dict)  # e.g. trained parameter count, keep ratio
+    # Optional, for methods whose client trains a different network or corrects its steps
+    # (sequential clients only; a method that sets them refuses train.clients_mode=batched):
+    model: nn.Module | None = None  # the network to train (parameters: ctx.model's, views of ctx.flat); None = ctx.model
+    step_correction: torch.Tensor | None = None  # [P]; every local step also moves y <- y - lr * this (SCAFFOLD's c - c_i)
 
 
 @dataclass

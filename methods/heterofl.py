@@ -1,0 +1,285 @@
+"""HeteroFL structured width sub-models (Diao et al., "HeteroFL: Computation and Communication
+Efficient Federated Learning for Heterogeneous Clients", ICLR 2021).
+
+A client at rate r trains a real narrower UNet: the UNet of base width c0' = ceil(r * c0)
+(level widths m * c0', time-embedding width 4 * c0'), whose every parameter is the leading
+block of the global one: the first c' output channels and the first c' input channels of
+every conv/linear layer, the first c' scales/shifts of every norm. Inputs and outputs of the
+network (image channels, the sinusoidal time features) keep their full size. Two places hold
+several channel blocks, and each block keeps its own leading channels:
+- the attention's qkv projection outputs [q | k | v] (the first c' of each);
+- an up-path ResBlock reads cat([h, skip]): its first norm, its first conv and its 1x1 skip
+  keep the first channels of h and the first channels of the skip connection.
+When r * c0 is a whole number every layer of width c keeps exactly ceil(r * c) channels.
+
+Forward pass: `SubModel` runs `torch.func.functional_call` of a UNet built at the narrow width
+(its own weights unused, on the meta device) with the sliced full parameters, so the client's
+convolutions really have the narrow shapes (the compute saving is real) and the gradient flows
+back into the kept entries of the global parameters only.
+
+Scaling (the paper's "Scaler", output / r during training, so the full model stays on scale):
+a layer whose inputs were narrowed sums over a fraction s = c_in' / c_in of its inputs, so its
+weight term is divided by s (s = r when r * c0 is whole); the bias, not a sum over inputs, is
+left alone; layers with full inputs (the first conv, the first time-MLP layer) have s = 1.
+`scaler = false` turns this off. The attention logits keep the narrow network's own
+1 / sqrt(c') (not rescaled).
+
+Norm layers: the UNet uses GroupNorm, which keeps no running statistics, so HeteroFL's static
+BatchNorm (sBN) is not needed. The sub-model's norms are the narrow UNet's own
+GroupNorm(gcd(8, c'), c') over the kept channels, with the first c' affine scale/shift entries:
+as in HeteroFL's GroupNorm variant the number of groups is kept, so at r = 1/2 a group holds
+half as many channels as in the full model (channels are normalized with fewer partners).
+
+Rates: capacity tiers (`system.capacity`, e.g. "1.0:0.5,0.5:0.5") give each client its rate;
+without tiers every client uses `rate`. Rate 1.0 is FedAvg's plan exactly (bitwise).
+
+Aggregation: each parameter is the sample-size-weighted mean over the clients that hold it
+(masked "covered" aggregation of methods/base.py); HeteroFL's server averages each entry over
+the clients that hold it (unweighted in the paper; weighted here, as every method of the
+benchmark). A parameter nobody holds keeps its value.
+
+Inference rule: samples come from the largest rate any client holds, with its training-time
+scaling (the same function the clients trained); with a rate-1 tier that is the full model.
+
+Bits: 32 per kept parameter each way; no index is sent (the rate, fixed by the seeded tiers,
+determines the kept blocks). `rounds.jsonl` records each client's `trained_params` (the
+narrow network's parameter count) and `flop_fraction`, measured with
+torch.utils.flop_counter on one sample (convolutions, linear layers and attention matmuls of
+the narrow forward over the full one).
+
+Refuses train.clients_mode=batched when a client trains a sub-model (the vmapped step runs
+ctx.model at full width).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
+from .registry import register_method
+
+if TYPE_CHECKING:
+    from dfbench.benchmark.context import RunContext
+
+Aggregation = Literal["covered", "zero_fill"]
+
+
+# -- the sub-model ------------------------------------------------------------------------------
+
+def narrow_width(c0: int, rate: float) -> int:
+    """Base width of the sub-model at `rate`: ceil(rate * c0), at least 1."""
+    return max(1, math.ceil(rate * c0 - 1e-9))  # the epsilon: 0.3 * 10 is 3.0000000000000004
+
+
+def block_index(full: list[int], narrow: list[int]) -> torch.Tensor:
+    """Kept indices of a dimension made of blocks: the first narrow[b] entries of each full block b."""
+    out, start = [], 0
+    for f, n in zip(full, narrow):
+        out.append(torch.arange(start, start + n))
+        start += f
+    return torch.cat(out)
+
+
+def _cat_blocks(net: nn.Module) -> dict[str, tuple[int, int]]:
+    """Up-path ResBlocks of a UNet -> (width of h, width of the skip) of their cat([h, skip]) input."""
+    from dfbench.benchmark.model import ResBlock
+
+    out, cur = {}, net.mid[2].conv2.out_channels
+    for i, blk in enumerate(net.up):
+        if isinstance(blk[0], ResBlock):
+            out[f"up.{i}.0"] = (cur, blk[0].conv1.in_channels - cur)
+            cur = blk[0].conv2.out_channels
+        else:  # [Upsample, Conv2d]
+            cur = blk[1].out_channels
+    return out
+
+
+@dataclass
+class SliceSpec:
+    """How one parameter of the sub-model is cut from the global one."""
+
+    index: list[torch.Tensor | None]  # per dimension: kept indices (None = all)
+    scale: float  # the Scaler: the kept entries are divided by this (1.0 = none)
+
+
+def slice_specs(full: nn.Module, narrow: nn.Module, scaler: bool) -> dict[str, SliceSpec]:
+    """Per parameter name of the UNet: the kept index per dimension and the fan-in scale."""
+    fblocks, nblocks = _cat_blocks(full), _cat_blocks(narrow)
+    nparams = dict(narrow.named_parameters())
+    specs: dict[str, SliceSpec] = {}
+    for name, p in full.named_parameters():
+        q = nparams[name]
+        module, _, leaf = name.rpartition(".")
+        owner = module.rpartition(".")[0]  # e.g. "up.3.0" for "up.3.0.conv1"
+        index: list[torch.Tensor | None] = []
+        for d, (f, n) in enumerate(zip(p.shape, q.shape)):
+            if f == n:
+                index.append(None)
+                continue
+            if d == 0 and module.endswith("qkv"):  # [q | k | v]
+                index.append(block_index([f // 3] * 3, [n // 3] * 3))
+            elif owner in fblocks and (module.endswith(("conv1", "skip")) and d == 1 or module.endswith("norm1")):
+                index.append(block_index(list(fblocks[owner]), list(nblocks[owner])))  # cat([h, skip])
+            else:
+                index.append(torch.arange(n))
+        kept_in = q.shape[1] / p.shape[1] if leaf == "weight" and p.dim() >= 2 else 1.0
+        specs[name] = SliceSpec(index=index, scale=kept_in if scaler and kept_in < 1.0 else 1.0)
+        if tuple(len(ix) if ix is not None else f for ix, f in zip(index, p.shape)) != tuple(q.shape):
+            raise RuntimeError(f"HeteroFL slicing of {name}: {tuple(p.shape)} does not map onto {tuple(q.shape)}")
+    return specs
+
+
+class SubModel(nn.Module):
+    """The narrow network as a module: full parameters in, narrow forward out.
+
+    Its parameters are the full model's (views of ctx.flat, as the shared local step needs);
+    the narrow UNet only supplies the architecture (held in a tuple so nn.Module does not
+    register its placeholder parameters).
+    """
+
+    def __init__(self, full: nn.Module, narrow: nn.Module, specs: dict[str, SliceSpec]) -> None:
+        super().__init__()
+        self.full = full
+        self._arch = (narrow,)
+        self.specs = specs
+
+    def sliced(self) -> dict[str, torch.Tensor]:
+        """name -> the narrow parameter (kept entries of the full one, divided by its scale)."""
+        out = {}
+        for name, p in self.full.named_parameters():
+            spec = self.specs[name]
+            for d, ix in enumerate(spec.index):
+                if ix is not None:
+                    p = p.index_select(d, ix.to(p.device))
+            out[name] = p / spec.scale if spec.scale != 1.0 else p
+        return out
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return functional_call(self._arch[0], self.sliced(), (x, t))
+
+
+def kept_mask(layout_names: tuple[str, ...], layout_shapes: tuple[tuple[int, ...], ...],
+              specs: dict[str, SliceSpec], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Float 0/1 [P] in the flat layout: 1 on every entry the sub-model holds."""
+    parts = []
+    for name, shape in zip(layout_names, layout_shapes):
+        kept = torch.ones(shape, dtype=torch.bool)
+        for d, ix in enumerate(specs[name].index):
+            if ix is not None:  # an entry is kept when its index is kept along every dimension
+                along = torch.zeros(shape[d], dtype=torch.bool)
+                along[ix] = True
+                kept &= along.view([-1 if k == d else 1 for k in range(len(shape))])
+        parts.append(kept.reshape(-1))
+    return torch.cat(parts).to(device=device, dtype=torch.float32)
+
+
+def measured_flops(net: nn.Module, image_shape: tuple[int, ...], device: torch.device | str) -> int:
+    """Forward FLOPs of one sample, counted by torch.utils.flop_counter (conv, linear, attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        net(torch.zeros(1, *image_shape, device=device), torch.full((1,), 0.5, device=device))
+    return int(counter.get_total_flops())
+
+
+@dataclass
+class SubModelInfo:
+    model: SubModel
+    mask: torch.Tensor
+    trained_params: int
+    flop_fraction: float
+    width: int
+
+
+def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubModelInfo:
+    """The rate-r sub-model of the run's UNet, its flat mask, parameter count and FLOP fraction."""
+    from dfbench.benchmark.model import PRESETS, UNet, resolve_preset
+
+    spec = PRESETS[resolve_preset(ctx.cfg.train.model, ctx.cfg.data.dataset)]
+    if not isinstance(ctx.model, UNet) or ctx.model.base != spec.channels:
+        raise TypeError("heterofl slices the benchmark's UNet (benchmark/model.py); ctx.model is not the preset's UNet")
+    width = narrow_width(spec.channels, rate)
+    with torch.device("meta"):  # architecture only: functional_call supplies every parameter
+        narrow = UNet(ctx.image_shape[0], replace(spec, channels=width))
+    specs = slice_specs(ctx.model, narrow, scaler)
+    sub = SubModel(ctx.model, narrow, specs)
+    mask = kept_mask(ctx.layout.names, ctx.layout.shapes, specs, ctx.flat.device)
+    flops = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
+    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flops), width=width)
+
+
+# -- the method ---------------------------------------------------------------------------------
+
+@register_method("heterofl")
+class HeteroFL(Method):
+    """Each client trains the leading channels of every layer: a real narrower UNet."""
+
+    @dataclass(frozen=True)
+    class Config:
+        rate: float = 0.5  # width rate of every client without capacity tiers (tiers override it)
+        scaler: bool = True  # divide narrowed sums by the kept fraction (HeteroFL's Scaler)
+        aggregation: Aggregation = "covered"  # covered | zero_fill (see methods.base.masked_weighted_mean)
+
+        def validate(self) -> None:
+            if not (math.isfinite(self.rate) and 0.0 < self.rate <= 1.0):
+                raise ValueError(f"invalid value for 'method.rate' of 'heterofl': {self.rate!r}; allowed: a number in (0, 1]")
+            if self.aggregation not in ("covered", "zero_fill"):
+                raise ValueError(f"invalid value for 'method.aggregation' of 'heterofl': {self.aggregation!r}; allowed: covered, zero_fill")
+
+    def __init__(self, config: "HeteroFL.Config") -> None:
+        super().__init__(config)
+        self.aggregation = config.aggregation
+        self._subs: dict[float, SubModelInfo] = {}  # per rate, built once per run
+
+    def rate_for(self, client: int, ctx: "RunContext") -> float:
+        """Capacity tiers (ctx.keep_ratios) override the rate hyperparameter."""
+        return float(ctx.keep_ratios[client]) if ctx.keep_ratios is not None else float(self.config.rate)
+
+    def submodel(self, rate: float, ctx: "RunContext") -> SubModelInfo:
+        if rate not in self._subs:
+            self._subs[rate] = build_submodel(ctx, rate, self.config.scaler)
+        return self._subs[rate]
+
+    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
+        if ctx.cfg.train.clients_mode == "batched" and min(self.rate_for(k, ctx) for k in range(ctx.num_clients)) < 1.0:
+            raise ValueError("method 'heterofl' trains narrower networks, which train.clients_mode=batched does not support "
+                             "(the vmapped step runs the full model); use --set train.clients_mode=sequential")
+        return super().init_state(params, ctx)
+
+    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+        rate = self.rate_for(client, ctx)
+        if rate >= 1.0:  # the full model: literally FedAvg's plan, so rate 1.0 == fedavg bitwise
+            plan = super().client_view(state, client, ctx)
+            plan.info = {"rate": 1.0, "trained_params": ctx.layout.total, "flop_fraction": 1.0}
+            return plan
+        sub = self.submodel(rate, ctx)
+        # start = the global parameters: the sub-model reads only the kept entries, the rest
+        # gets a zero gradient (Adam then moves nothing) and is masked out of the aggregate
+        return ClientPlan(start=state.params, mask=sub.mask, model=sub.model, downlink_bits=FLOAT_BITS * sub.trained_params,
+                          info={"rate": rate, "trained_params": sub.trained_params, "flop_fraction": sub.flop_fraction})
+
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+        up = super().upload(local, plan, client, state, ctx)
+        up.uplink_bits = FLOAT_BITS * int(plan.info["trained_params"])
+        return up
+
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+        """Inference rule: the largest rate any client holds, with its training-time scaling."""
+        from dfbench.benchmark import diffusion
+
+        rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
+        if rate >= 1.0:
+            return ctx.sample_single(params, noise, ctx.objective)
+        net = self.submodel(rate, ctx).model
+        ctx.flat.copy_(params)
+        obj, sampler, steps = ctx.get_objective(ctx.objective), ctx.sampler_name(ctx.objective), ctx.cfg.eval.sampler_steps
+        with torch.no_grad():
+            return torch.cat([diffusion.sample(obj, net, noise[i:i + 500].to(ctx.device), sampler, steps).cpu()
+                              for i in range(0, noise.shape[0], 500)])
