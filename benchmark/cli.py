@@ -64,15 +64,18 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}, indent=2))
         return 0
     from . import distributed
-    from .loop import run
+    from .lock import LockHeld
+    from .loop import OutOfMemory, run
     from .results import read_status
 
+    _exit_on_sigterm()
     distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
     try:
-        d = run(cfg, a.out, force=a.force, progress=not a.no_progress)
-    except distributed.DistributedError as err:
-        # a rank died or hung; rank 0's status.json says "failed" with this message. No
-        # shutdown: the group is broken, and leaving it could wait on the dead rank.
+        d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait)
+    except (distributed.DistributedError, LockHeld, OutOfMemory) as err:
+        # a rank died or hung (rank 0's status.json says "failed" with this message; no shutdown:
+        # the group is broken, and leaving it could wait on the dead rank), another process owns
+        # the run folder (nothing was written), or the GPU ran out of memory (status "failed")
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
     if distributed.rank_world()[0] == 0:
@@ -84,6 +87,17 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(d)
     distributed.shutdown()
     return 0
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (Slurm preemption, `kill`) exits through Python: the run's lock is released at once
+    and its status stays "running" (resumable), instead of the lock waiting to go stale."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def cmd_grid(a: argparse.Namespace) -> int:
@@ -198,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     r.add_argument("--force", action="store_true", help="delete the run folder and start over")
+    r.add_argument("--wait", action="store_true", help="if another process owns the run folder, wait for it "
+                   "instead of stopping at once with exit code 1")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_run)
 

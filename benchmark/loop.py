@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from dfbench import methods
 from . import batched, distributed, results
 from .config import RunConfig
 from .context import RunContext, build_context, sample_round_clients
+from .lock import LOCK_NAME, LockHeld, LockLost, RunLock
 from .train import local_train
 
 
@@ -143,46 +144,106 @@ def _is_finite(state: methods.ServerState) -> bool:
     return bool(torch.isfinite(state.params).all())
 
 
-def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True, data: Any = None) -> Path:
-    """Train and evaluate one run; resume it if its folder has a checkpoint. Returns the run folder."""
+class OutOfMemory(RuntimeError):
+    """The run did not fit in GPU memory; the message names the settings to lower."""
+
+
+def oom_message(cfg: RunConfig, err: BaseException) -> str:
+    """What to lower after torch.cuda.OutOfMemoryError (one line: the grid's note shows it whole)."""
+    from .model import PRESETS, resolve_preset
+
+    t = cfg.train
+    preset = resolve_preset(t.model, cfg.data.dataset)
+    hint = (f"lower train.batch_size (now {t.batch_size}), choose a smaller train.model (now {t.model!r} = {preset}; "
+            f"presets from small to large: {', '.join(PRESETS)})")
+    if t.clients_mode == "batched":
+        group = str(t.client_batch) if t.client_batch else "0 = all of a round's clients at once"
+        hint += f", or lower train.client_batch, the clients trained together (now {group})"
+    else:
+        hint += " (train.client_batch, the clients trained together, applies with train.clients_mode=batched)"
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"out of GPU memory on {cfg.device}: {hint}; e.g. --set train.batch_size={max(1, t.batch_size // 2)}. "
+            f"CUDA said: {said}")
+
+
+def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True, data: Any = None,
+        wait: bool = False, lock: RunLock | None = None) -> Path:
+    """Train and evaluate one run; resume it if its folder has a checkpoint. Returns the run folder.
+
+    Rank 0 first takes the run folder's lock (benchmark/lock.py), before anything is written, and
+    releases it on every way out. If a live process owns the run, LockHeld is raised at once on
+    every rank (wait=True: wait for it instead). `lock`: one the caller already holds (a grid
+    worker); the caller releases it.
+    """
     rank, world = distributed.rank_world()
     d = results.run_dir(out, cfg)
     writer = rank == 0
-    # Rank 0 alone reads the run folder (the others may not share its filesystem); every rank
-    # follows its verdict, so a done run returns on all ranks, not on some of them.
-    done = False
-    if writer:
-        status = results.read_status(d)
-        # "diverged" is final too: the same config diverges again at the same round (no RNG state)
-        done = bool(status and status["state"] in ("done", "diverged") and not force)
-        if force and d.exists():
-            import shutil
+    mine: RunLock | None = None
+    verdict = "run"  # "run", "done" or the LockHeld message: rank 0 decides, every rank follows
+    if writer and lock is None:
+        mine = RunLock(d)
+        try:
+            mine.acquire(wait=wait)
+        except LockHeld as err:
+            verdict, mine = str(err), None
+    try:
+        # Rank 0 alone reads the run folder (the others may not share its filesystem); every rank
+        # follows its verdict, so a done or locked run returns on all ranks, not on some of them.
+        if writer and verdict == "run":
+            status = results.read_status(d)
+            # "diverged" is final too: the same config diverges again at the same round (no RNG state)
+            if status and status["state"] in ("done", "diverged") and not force:
+                verdict = "done"
+            elif force:
+                results.clear_run_dir(d, keep=(LOCK_NAME,))  # the lock stays: we own the folder throughout
+        verdict = distributed.broadcast_object(verdict, what="the start-up check of the run folder")
+        if verdict == "done":
+            return d
+        if verdict != "run":
+            raise LockHeld(verdict)
+        return _guarded_run(cfg, d, writer, rank, world, progress, data, lock or mine)
+    finally:
+        if mine is not None:
+            mine.release()
 
-            shutil.rmtree(d)
-    if distributed.broadcast_object(done, what="the start-up check of the run folder"):
-        return d
+
+def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, progress: bool, data: Any,
+                 lock: RunLock | None) -> Path:
+    """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
     ctx = build_context(cfg, data=data)
     ctx.rank, ctx.world = rank, world
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
+
+    def owner() -> bool:  # rank 0, and still the owner (a lock taken over means: write nothing more)
+        return writer and not (lock is not None and lock.lost)
+
     if writer:
         d.mkdir(parents=True, exist_ok=True)
         results.write_json(d / "config.json", {"run_id": cfg.run_id(), **cfg.to_dict()})
         results.write_json(d / "partition.json", ctx.partition.to_json(ctx.labels))
         results.write_status(d, "running")
     try:
-        return _run(cfg, ctx, method, d, writer, progress)
+        return _run(cfg, ctx, method, d, writer, progress, owner)
     except Diverged as err:
-        if writer:
+        if owner():
             results.write_status(d, "diverged", error=str(err))
         return d
+    except torch.cuda.OutOfMemoryError as err:
+        msg = oom_message(cfg, err)
+        if owner():
+            results.write_status(d, "failed", error=f"OutOfMemory: {msg}", traceback=traceback.format_exc())
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # a grid worker goes on with its next cell
+        raise OutOfMemory(msg) from err
     except Exception as err:  # not BaseException: after Ctrl-C / SystemExit the status stays "running"
         # (unfinished, like a killed run), so the next `dfbench run` or grid resumes it
-        if writer:
+        if owner():
             results.write_status(d, "failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
         raise
 
 
-def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool) -> Path:
+def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool,
+         owner: Callable[[], bool] = lambda: True) -> Path:
     if cfg.train.compile:  # in place: the parameters stay views of ctx.flat (validated: CUDA, sequential clients)
         ctx.model.compile()
     state = method.init_state(ctx.init_params, ctx)
@@ -203,6 +264,9 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
         state, row = train_round(method, state, ctx, r)
+        if writer and not owner():
+            raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
+                           f"e.g. it was paused); stopping without writing round {r}")
         if row["gamma"] is not None and row["clients"]:
             totals["gamma_star"] = row["gamma"] if totals["gamma_star"] is None else min(totals["gamma_star"], row["gamma"])
         row["gamma_star"] = totals["gamma_star"]

@@ -97,6 +97,21 @@ def read_rounds(d: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def clear_run_dir(d: Path, keep: tuple[str, ...] = ()) -> None:
+    """Delete a run folder's contents except the names in `keep` (--force keeps the run's lock)."""
+    import shutil
+
+    if not d.exists():
+        return
+    for p in d.iterdir():
+        if p.name in keep:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def truncate_rounds(d: Path, last_round: int) -> None:
     """Keep rows with round <= last_round (the checkpoint's), so a resume never duplicates rows."""
     rows = [r for r in read_rounds(d) if r["round"] <= last_round]
