@@ -68,6 +68,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .loop import OutOfMemory, run
     from .results import read_status
 
+    if a.download:
+        from .fetch import FetchError, fetch_for_configs
+
+        try:  # every torchrun rank may fetch: files are verified, then renamed atomically
+            fetch_for_configs([cfg], progress=not a.no_progress)
+        except FetchError as err:
+            print(f"dfbench: error: {err}", file=sys.stderr)
+            return 1
     _exit_on_sigterm()
     distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
     try:
@@ -112,10 +120,19 @@ def cmd_grid(a: argparse.Namespace) -> int:
     grid = load_grid(a.grid, extra=extra)
     shard = parse_shard(a.shard) if a.shard else None
     only = a.only or []
+    from .fetch import FetchError, MissingInputsError, describe_inputs
+
     if a.dry_run:
-        print(describe(grid, select_cells(grid.cells, shard=shard, only=only), a.out, retry_failed=a.retry_failed, force=a.force))
+        selected = select_cells(grid.cells, shard=shard, only=only)
+        print(describe(grid, selected, a.out, retry_failed=a.retry_failed, force=a.force))
+        print(describe_inputs([c.cfg for c in selected]))
         return 0
-    summary = run_grid(grid, a.out, shard=shard, only=only, retry_failed=a.retry_failed, force=a.force, progress=not a.no_progress)
+    try:
+        summary = run_grid(grid, a.out, shard=shard, only=only, retry_failed=a.retry_failed, force=a.force,
+                           progress=not a.no_progress, download=a.download)
+    except (MissingInputsError, FetchError) as err:  # raised before the first cell
+        print(f"dfbench: error: {err}", file=sys.stderr)
+        return 1
     print(summary.text())
     return 0 if summary.ok else 1
 
@@ -138,6 +155,17 @@ def cmd_report(a: argparse.Namespace) -> int:
     paths = build_report(a.runs, a.out)
     for k, v in paths.items():
         print(f"{k}: {v}")
+    return 0
+
+
+def cmd_fetch(a: argparse.Namespace) -> int:
+    from .fetch import FetchError, fetch
+
+    try:
+        fetch(a.names, root=a.data_root, progress=not a.no_progress)
+    except FetchError as err:
+        print(f"dfbench: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -215,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wait", action="store_true", help="if another process owns the run folder, wait for it "
                    "instead of stopping at once with exit code 1")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--download", action="store_true",
+                   help="first fetch the dataset and weights this run needs and this machine lacks (see `dfbench fetch`)")
     r.set_defaults(func=cmd_run)
 
     m = sub.add_parser("methods", help="list registered methods and their hyperparameters")
@@ -241,7 +271,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="override a key in every cell (changes the run ids), e.g. train.rounds=1")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--download", action="store_true",
+                   help="fetch the datasets and weights the cells need and this machine lacks before the first cell "
+                        "(without it, a grid whose data is missing stops before running anything)")
     g.set_defaults(func=cmd_grid)
+
+    fe = sub.add_parser(
+        "fetch", help="download datasets and Inception weights into the cache, checksum-verified",
+        description="Download the published files into the cache the loaders search: datasets into "
+                    "$DFBENCH_CACHE/data/NAME (default ~/.cache/dfbench), weights into $DFBENCH_CACHE/weights. "
+                    "Each file is written to a temporary name and renamed only after its pinned checksum "
+                    "matches; a file already there with the right checksum is not downloaded again, and a "
+                    "dataset or weights file found elsewhere (system package, $DFBENCH_DATA, an env var) is "
+                    "left alone. Without network access it says which file to place where.",
+        epilog="Behind a proxy or on an air-gapped cluster with a mirror: DFBENCH_MIRROR=BASE_URL fetches "
+               "BASE_URL/<file name> instead of the official address (same checksums).")
+    fe.add_argument("names", nargs="+", metavar="NAME", help="fmnist | svhn | cifar10 | inception | clean-inception | all")
+    fe.add_argument("--data-root", default=None, metavar="DIR", help="put datasets in DIR instead of the cache")
+    fe.add_argument("--no-progress", action="store_true", help="no progress bars")
+    fe.set_defaults(func=cmd_fetch)
 
     ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)")
     ev.add_argument("run_dir")

@@ -520,9 +520,11 @@ def _note(out: str | Path, cell: Cell, state: str) -> str:
 
 def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = None, only: Sequence[str] = (),
              retry_failed: bool = False, force: bool = False, progress: bool = True, data: Any = None,
-             echo: Callable[[str], None] | None = None) -> GridSummary:
+             echo: Callable[[str], None] | None = None, download: bool = False) -> GridSummary:
     """Run the selected cells one after another; a failing cell is recorded and the grid goes on.
 
+    Before the first cell, `fetch.preflight` checks the inputs of the cells to run: missing data
+    raises `fetch.MissingInputsError` (nothing run), or is fetched with `download`.
     `data`: one ImageSet used for every cell (tests); by default each dataset is loaded once.
     `echo`: where the one-line summaries go (default: stdout, above the progress bars).
     """
@@ -538,6 +540,9 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
             todo.append((c, state))
         else:
             summary.outcomes.append(CellOutcome(c, state, state, ran=False, note=_note(out, c, state)))
+    from .fetch import preflight
+
+    preflight([c.cfg for c, _ in todo], download=download, check_data=data is None, progress=progress)
     bar = _bar(todo, progress, f"grid {grid.name}")
     say = echo or (_tqdm_write if progress else print)
     cache = _DataCache(data)
