@@ -47,8 +47,13 @@ def make_config(config: RunConfig | None = None, **settings: Any) -> RunConfig:
 
 
 def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", force: bool = False,
-        progress: bool = False, download: bool = False, **settings: Any) -> Path:
-    """Train and evaluate one run (resume or skip it when its folder exists); return the folder."""
+        progress: bool = False, download: bool = False, data: Any = None, **settings: Any) -> Path:
+    """Train and evaluate one run (resume or skip it when its folder exists); return the folder.
+
+    ``data``: an already loaded training set (a ``dfbench.datasets.ImageSet``) to use instead of
+    loading ``data.dataset`` -- for tests and custom data; evaluation still compares against the
+    configured dataset's reference split.
+    """
     from .loop import run as run_loop
 
     cfg = make_config(config, **settings) if (settings or config is None) else config
@@ -56,19 +61,28 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
         from .fetch import fetch_for_configs
 
         fetch_for_configs([cfg])
-    return run_loop(cfg, out, force=force, progress=progress)
+    return run_loop(cfg, out, force=force, progress=progress, data=data)
 
 
 def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:
-    """Finished runs under ``root``: one row per evaluation (metric, value, extractor, ...),
-    with the run's columns (dataset, partition, method, seed, ``param.*``, ``cfg.*`` config keys,
-    uplink, diagnostics) beside it -- the reporter's own tables, joined."""
+    """Finished runs under ``root`` as one frame: one row per evaluation.
+
+    Columns: the evaluation (``metric``, ``value``, ``std_err``, ``extractor``, ``num_samples``,
+    ``sampler``, ``reference``, ...) beside its run (``run_id``, ``dataset``, ``partition``,
+    ``method``, ``seed``, ``param.*`` method hyperparameters, ``cfg.*`` config keys, uplink and
+    diagnostics) -- the reporter's own tables, joined. A finished run without a score
+    (``eval.metrics=none``, or evaluation pending) keeps one row with an empty ``metric``.
+    Failed, diverged and unfinished runs are not in it (``dfbench report`` lists them with the reason).
+    """
     from .report_data import collect
 
     data = collect(root)
-    if data.evaluations.empty:
-        return data.runs.assign(metric=pd.Series(dtype=object), value=pd.Series(dtype=float))
     evals = data.evaluations.drop(columns=["group_key"])
-    runs = data.runs.drop(columns=[c for c in data.metrics if c in data.runs] +
-                          [f"{c}__stderr" for c in data.metrics if f"{c}__stderr" in data.runs])
-    return evals.merge(runs, on="run_id", how="left")
+    if data.runs.empty:
+        return pd.DataFrame(columns=["run_id", "dataset", "partition", "method", "seed", *evals.columns[1:]])
+    # The run table also carries one wide column per metric; the long rows replace them.
+    wide = [c for m in data.metrics for c in (m, f"{m}__stderr") if c in data.runs]
+    runs = data.runs.drop(columns=wide)
+    frame = runs.merge(evals, on="run_id", how="left")
+    lead = ["run_id", "dataset", "partition", "method", "params", "seed", *evals.columns[1:]]
+    return frame[lead + [c for c in frame.columns if c not in lead]]

@@ -41,11 +41,16 @@ def make_config(config: "RunConfig | None" = None, **settings: Any) -> "RunConfi
 
 
 def run(config: "RunConfig | None" = None, *, out: str | Path = "results/runs", force: bool = False,
-        progress: bool = False, download: bool = False, **settings: Any) -> Path:
-    """Train and evaluate one run (or resume / skip it) and return its run folder."""
+        progress: bool = False, download: bool = False, data: Any = None, **settings: Any) -> Path:
+    """Train and evaluate one run (or resume / skip it) and return its run folder.
+
+    Takes a ``RunConfig`` and/or the keywords of :func:`make_config`; ``out`` is the runs root,
+    ``force`` reruns a finished run, ``download`` fetches missing data and weights first, and
+    ``data`` is an already loaded training set to use instead of the configured dataset.
+    """
     from dfbench.benchmark.api import run as _run
 
-    return _run(config, out=out, force=force, progress=progress, download=download, **settings)
+    return _run(config, out=out, force=force, progress=progress, download=download, data=data, **settings)
 
 
 def load_runs(root: str | Path = "results/runs") -> "pd.DataFrame":
