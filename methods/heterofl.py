@@ -13,7 +13,8 @@ several channel blocks, and each block keeps its own leading channels:
 When r * c0 is a whole number every layer of width c keeps exactly ceil(r * c) channels.
 
 Forward pass: `SubModel` runs `torch.func.functional_call` of a UNet built at the narrow width
-(its own weights unused, on the meta device) with the sliced full parameters, so the client's
+(its own weights unused, on the meta device; its first time layer reads the full c0 sinusoidal
+features) with the sliced full parameters, so the client's
 convolutions really have the narrow shapes (the compute saving is real) and the gradient flows
 back into the kept entries of the global parameters only.
 
@@ -208,6 +209,10 @@ def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubMo
     width = narrow_width(spec.channels, rate)
     with torch.device("meta"):  # architecture only: functional_call supplies every parameter
         narrow = UNet(ctx.image_shape[0], replace(spec, channels=width))
+        # The sinusoidal time features are an input: the sub-model reads all c0 of them (the
+        # narrow UNet alone would compute a different, c0'-dimensional embedding).
+        narrow.base = spec.channels
+        narrow.time[0] = nn.Linear(spec.channels, narrow.time[0].out_features)
     specs = slice_specs(ctx.model, narrow, scaler)
     sub = SubModel(ctx.model, narrow, specs)
     mask = kept_mask(ctx.layout.names, ctx.layout.shapes, specs, ctx.flat.device)
