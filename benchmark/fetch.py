@@ -254,19 +254,29 @@ def preflight(configs: Sequence[RunConfig], *, download: bool = False, check_dat
     if missing and download:
         _fetch_inputs([item for item, _ in missing], progress, say)
         missing = missing_inputs(inputs)
-    weights = [(item, msg) for item, msg in missing if item.kind == "weights"]
-    for item, _ in weights:
-        say(f"note: {item.runs} run(s) will train but leave their evaluation pending ({', '.join(item.why)}): "
-            f"{item.name} weights not found. Get them with `{item.command}` (or rerun with --download), "
-            f"then score the runs with `dfbench eval RUN_DIR`.")
+    weights = [item for item, _ in missing if item.kind == "weights"]
+    pending = [f"{item.runs} run(s) will train but leave their evaluation pending ({', '.join(item.why)}): "
+               f"{item.name} weights not found" for item in weights]
     data = [(item, msg) for item, msg in missing if item.kind == "dataset"]
-    if data:
-        lines = [f"{len(data)} dataset(s) missing; nothing was run:"]
-        for item, msg in data:
-            lines.append(f"- {item.name} ({', '.join(item.splits)}), needed by {item.runs} run(s): {msg}")
-        commands = sorted({item.command for item, _ in data})
-        lines.append("Get them with: " + "; ".join(f"`{c}`" for c in commands) + " (or rerun with --download).")
-        raise MissingInputsError("\n".join(lines))
+    if not data:
+        for item, line in zip(weights, pending):
+            say(f"note: {line}. Get them with `{item.command}` (or rerun with --download), then score "
+                f"the runs with `dfbench eval RUN_DIR`.")
+        return
+    lines = [f"{len(data)} dataset(s) missing; nothing was run:"]
+    lines += [f"- {item.name} ({', '.join(item.splits)}), needed by {item.runs} run(s): {msg}" for item, msg in data]
+    lines += [f"- also: {line}" for line in pending]
+    raise MissingInputsError("\n".join(lines) + f"\nGet them with: {_commands([i for i, _ in data] + weights)} "
+                             "(or rerun with --download).")
+
+
+def _commands(inputs: Sequence[Input]) -> str:
+    """The fewest `dfbench fetch` commands for the inputs: one per data root."""
+    by_root: dict[str | None, list[str]] = {}
+    for item in inputs:
+        by_root.setdefault(item.root, []).append(item.name)
+    return "; ".join(f"`dfbench fetch {' '.join(dict.fromkeys(names))}" + (f" --data-root {root}`" if root else "`")
+                     for root, names in by_root.items())
 
 
 def describe_inputs(configs: Sequence[RunConfig]) -> str:

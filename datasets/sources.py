@@ -618,7 +618,7 @@ def _not_found(key: str, split: str, searched: list[str], download: bool) -> Dat
     wanted = ", ".join(f + ("[.gz]" if key == "fmnist" else "") for f in spec.files[split])
     if key == "cifar10":
         wanted = f"{_CIFAR_DIR}/{{{', '.join(spec.files[split])}}} or {_CIFAR_ARCHIVE}"
-    hint = "" if download else f" (which fetches it into {cache_dir(key)})"
+    hint = "" if download else f"; downloads go to {cache_dir(key)}"
     return DatasetError(
         f"{spec.title} ({split}) not found: looked for {wanted} in {'; '.join(searched)}. "
         f"To get it: {spec.how_to_get}{hint}."
