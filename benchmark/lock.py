@@ -160,7 +160,7 @@ class RunLock:
         self.stale_s = stale_from_env() if stale_s is None else float(stale_s)
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(0.2, min(30.0, self.stale_s / 10))
         self.token = ""
-        self.created_folder = False
+        self.created: list[Path] = []  # the folders try_acquire made, deepest first
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,8 +180,12 @@ class RunLock:
             raise RuntimeError(f"{self.path} is already held by this RunLock")
         for _ in range(20):  # a few rounds of races (folder removed, lock released or replaced meanwhile)
             if not self.folder.exists():
-                self.folder.mkdir(parents=True, exist_ok=True)
-                self.created_folder = True
+                missing = [p for p in (self.folder, *self.folder.parents) if not p.exists()]
+                try:
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                except FileNotFoundError:
+                    continue  # a parent was removed meanwhile by a releasing owner: again
+                self.created = missing  # deepest first; removed again on release if still empty
             if self._create():
                 self._start_heartbeat()
                 return True
@@ -219,11 +223,13 @@ class RunLock:
             except FileNotFoundError:
                 pass
         self.token = ""
-        if self.created_folder:  # leave no empty folder behind (a run that failed before writing anything)
+        # leave no empty folders behind (a run that failed before writing anything creates none)
+        for p in self.created:
             try:
-                self.folder.rmdir()
+                p.rmdir()
             except OSError:
-                pass  # not empty, or gone: both fine
+                break  # not empty (the run wrote something, or another run lives beside it), or gone
+        self.created = []
 
     def __enter__(self) -> "RunLock":
         if not self.held:

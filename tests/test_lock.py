@@ -40,9 +40,9 @@ def _dead_pid() -> int:
 # -- the primitive -----------------------------------------------------------------------------------
 
 def test_one_owner_named_in_the_refusal_and_release_cleans_up(tmp_path):
-    folder = tmp_path / "run"
+    folder = tmp_path / "runs" / "fmnist" / "run"
     a, b = L.RunLock(folder), L.RunLock(folder)
-    assert a.try_acquire() and a.created_folder
+    assert a.try_acquire() and a.created == [folder, folder.parent, folder.parent.parent]
     info = L.read_lock(folder)
     assert (info.host, info.pid, info.token) == (socket.gethostname(), os.getpid(), a.token)
     assert not b.try_acquire()  # a live owner (this very process) holds it
@@ -51,11 +51,12 @@ def test_one_owner_named_in_the_refusal_and_release_cleans_up(tmp_path):
     msg = str(err.value)
     assert f"host {socket.gethostname()}, pid {os.getpid()}, since {info.since}" in msg and "--wait" in msg
     a.release()
-    assert L.read_lock(folder) is None and not folder.exists()  # the empty folder it made is gone too
+    assert L.read_lock(folder) is None and not (tmp_path / "runs").exists()  # the empty folders it made are gone too
     a.release()  # twice is harmless
+    (tmp_path / "runs" / "fmnist" / "other").mkdir(parents=True)  # another run beside it
     with b:  # free now
         assert b.held and L.read_lock(folder).token == b.token
-    assert not folder.exists()
+    assert not folder.exists() and (tmp_path / "runs" / "fmnist" / "other").is_dir()
 
 
 def test_release_keeps_a_folder_with_content_and_a_lock_not_its_own(tmp_path):
