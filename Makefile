@@ -36,17 +36,19 @@ demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untr
 leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
 	$(BIN)/dfbench report --runs $(RUNS) --out results
 
+# bench-* fetch the datasets and Inception weights their grid needs first (`--download`: only what is
+# missing, checksum-verified; DFBENCH_MIRROR=URL for a mirror); demo and test never download.
 bench-full: $(VENV)/.installed ## every method family x 3 datasets x 3 partitions x 3 seeds (GPU budget)
-	$(BIN)/dfbench grid full --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
+	$(BIN)/dfbench grid full --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-paper: $(VENV)/.installed ## the pruning study (random vs top-k, 5 keep ratios, 3 datasets)
-	$(BIN)/dfbench grid paper --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
+	$(BIN)/dfbench grid paper --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
-	$(BIN)/dfbench grid comm --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
+	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at the same compute
-	$(BIN)/dfbench grid experts --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
+	$(BIN)/dfbench grid experts --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
