@@ -191,3 +191,17 @@ def test_cli_fetch_help_and_download_flags(capsys):
     assert main(["run", "--download", "--dry-run"]) == 0
     assert main(["grid", "demo", "--download", "--dry-run"]) == 0
     assert "inputs:" in capsys.readouterr().out
+
+
+def test_fetch_for_configs_gets_only_what_the_runs_lack(tmp_path, monkeypatch, pinned_svhn):
+    from helpers import tiny_config
+
+    cfgs = [tiny_config(over={"data.dataset": "svhn", "eval.metrics": "none"})]  # train split only
+    if Path("/usr/share/datasets/fashion-mnist").is_dir():
+        cfgs.append(tiny_config(over={"eval.metrics": "none"}))  # fmnist: found, so nothing to fetch
+    with serve({"test_32x32.mat": SVHN_TEST, "train_32x32.mat": SVHN_TRAIN}) as server:
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        F.fetch_for_configs(cfgs, progress=False, echo=lambda _: None)
+        F.fetch_for_configs(cfgs, progress=False, echo=lambda _: None)  # nothing missing any more
+    assert sorted(server.requests) == ["test_32x32.mat", "train_32x32.mat"]  # a dataset is fetched whole
+    assert sources.missing("svhn", "train") is None
