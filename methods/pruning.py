@@ -28,6 +28,26 @@ Bits on the wire (32-bit floats):
 - uplink: 32 per kept value, plus the mask: random = the 64-bit seed echoed back;
   top-k = 0 (the server derives the mask from the weights it sent and the keep ratio).
 
+Inference rule (`inference`, how the trained global model is sampled; bits and FLOPs of
+training are unaffected):
+- `full`: the global model as it is, every weight dense.
+- `scaled`: every prunable tensor l multiplied by c_l = sum_k (n_k / n) keep_count(n_l, p_k) / n_l,
+  the data-weighted mean fraction of the tensor the clients trained (p_k: client k's keep ratio;
+  without capacity tiers c_l = keep_count(n_l, keep_ratio) / n_l, i.e. about keep_ratio). For a
+  linear layer y = (theta * m) x this is exactly E[y] over the training distribution of
+  sub-models (client k with probability n_k / n, a uniform mask of exactly keep_count entries):
+  dropout's weight-scaling rule. The training loss is the n_k-weighted sum of the client losses,
+  so that client distribution is the one the model was fitted under. (Per-parameter empirical
+  coverage would estimate the same c_l for random masks with more noise, and needs state.)
+  For top-k the mask is not random, so the argument does not apply; the mode is offered for
+  comparison.
+- `submodel`: one fixed sub-model theta * m, as a pruned device would sample: m has keep ratio
+  `inference_keep` (0 = the clients' n_k-weighted mean keep ratio); random_prune draws m with
+  `random_mask` from the generator (run seed, "inference_mask", `inference_seed`); topk_prune
+  takes the magnitude mask of the sampled weights (`inference_seed` is unused).
+Every rule returns the model unchanged when every client trains the full model (keep 1.0), so
+keep 1.0 stays bitwise FedAvg.
+
 FLOP fraction (plan.info["flop_fraction"]): the multiply-accumulates of every
 conv/linear layer for one sample, each scaled by the fraction of that layer's weights
 the client keeps (unstructured sparsity realised as sparse compute), over the dense
@@ -54,6 +74,8 @@ if TYPE_CHECKING:
 SEED_BITS = 64
 Scope = Literal["layer", "global"]
 Aggregation = Literal["covered", "zero_fill"]
+Inference = Literal["full", "scaled", "submodel"]
+INFERENCE_MODES = ("full", "scaled", "submodel")
 
 
 # -- pure mask functions ------------------------------------------------------------------
@@ -177,6 +199,9 @@ class PruneConfig:
     keep_ratio: float = 0.5  # fraction of each prunable tensor a client trains (capacity tiers override)
     prune_biases: bool = False  # also prune biases and norm scales/shifts
     aggregation: Aggregation = "covered"  # covered | zero_fill (see methods.base.masked_weighted_mean)
+    inference: Inference = "scaled"  # how the global model is sampled: full | scaled | submodel (module docstring)
+    inference_keep: float = 0.0  # submodel: keep ratio of the sampling sub-model; 0 = the clients' mean keep ratio
+    inference_seed: int = 0  # submodel (random_prune): which random mask, derived with the run seed
 
     def _fail(self, key: str, value: object, allowed: str) -> None:
         raise ValueError(f"invalid value for 'method.{key}' of {self.METHOD!r}: {value!r}; allowed: {allowed}")
@@ -186,6 +211,12 @@ class PruneConfig:
             self._fail("keep_ratio", self.keep_ratio, "a number in (0, 1]")
         if self.aggregation not in ("covered", "zero_fill"):
             self._fail("aggregation", self.aggregation, "covered, zero_fill")
+        if self.inference not in INFERENCE_MODES:
+            self._fail("inference", self.inference, ", ".join(INFERENCE_MODES))
+        if not (math.isfinite(self.inference_keep) and 0.0 <= self.inference_keep <= 1.0):
+            self._fail("inference_keep", self.inference_keep, "0 (the clients' mean keep ratio) or a number in (0, 1]")
+        if self.inference_seed < 0:
+            self._fail("inference_seed", self.inference_seed, "an integer >= 0")
 
 
 class _SubModelPruning(Method):
@@ -225,6 +256,52 @@ class _SubModelPruning(Method):
         # start = theta * m: pruned weights are zero in the forward pass; train.py masks their gradient
         return ClientPlan(start=state.params * mask, mask=mask, downlink_bits=FLOAT_BITS * kept + self.mask_bits(ctx.layout, "down"), info=info)
 
+    # -- inference rule ------------------------------------------------------------------
+    def client_weights(self, ctx: "RunContext") -> tuple[np.ndarray, np.ndarray]:
+        """(p_k, n_k / n) over all clients: the training distribution of sub-model keep ratios."""
+        sizes = np.asarray(ctx.client_sizes, dtype=np.float64)
+        keeps = np.asarray(ctx.keep_ratios, dtype=np.float64) if ctx.keep_ratios is not None else np.full(len(sizes), float(self.config.keep_ratio))
+        return keeps, sizes / sizes.sum()
+
+    def inference_scales(self, ctx: "RunContext") -> list[float]:
+        """Per layout entry: c_l = sum_k (n_k/n) keep_count(n_l, p_k) / n_l (1.0 if not prunable)."""
+        keeps, w = self.client_weights(ctx)
+        out = []
+        for n, p in zip(ctx.layout.numels, self.prunable(ctx.layout)):
+            out.append(float(sum(wk * (keep_count(n, pk) / n if pk < 1.0 else 1.0) for pk, wk in zip(keeps, w))) if p else 1.0)
+        return out
+
+    def sampling_keep(self, ctx: "RunContext") -> float:
+        """Keep ratio of the `submodel` rule: inference_keep, or the n_k-weighted mean of the p_k."""
+        if self.config.inference_keep > 0:
+            return float(self.config.inference_keep)
+        keeps, w = self.client_weights(ctx)
+        return 1.0 if (keeps >= 1.0).all() else float((keeps * w).sum())
+
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+        """The `submodel` rule's mask for the sampled parameters."""
+        raise NotImplementedError
+
+    def inference_params(self, params: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+        """The parameters the sampler uses under the configured inference rule."""
+        mode = self.config.inference
+        if mode == "full":
+            return params
+        if mode == "scaled":
+            scales = self.inference_scales(ctx)
+            if all(c == 1.0 for c in scales):
+                return params  # nobody trained a sub-model: FedAvg's model, bit for bit
+            out = params.clone()
+            for (_, sl, _), c in zip(ctx.layout.slices(), scales):
+                if c != 1.0:
+                    out[sl] *= c
+            return out
+        keep = self.sampling_keep(ctx)
+        return params if keep >= 1.0 else params * self.inference_mask(params, keep, ctx)
+
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+        return ctx.sample_single(self.inference_params(params, ctx), noise, ctx.objective)
+
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         if plan.mask is None:
             return super().upload(local, plan, client, state, ctx)
@@ -239,12 +316,19 @@ class RandomPrune(_SubModelPruning):
     @dataclass(frozen=True)
     class Config(PruneConfig):
         METHOD: ClassVar[str] = "random_prune"
+        # measured (README, Pruning): sampling the full model doubles pre-activations the clients
+        # never saw; the weight-scaling rule matches the sub-models' mean output
+        inference: Inference = "scaled"
 
     def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
         return random_mask(ctx.layout, keep, self.prunable(ctx.layout), ctx.gen("mask", ctx.round, client), state.params.dtype)
 
     def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
         return SEED_BITS  # both sides rebuild the mask from (seed, round, client)
+
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+        gen = ctx.gen("inference_mask", self.config.inference_seed)
+        return random_mask(ctx.layout, keep, self.prunable(ctx.layout), gen, params.dtype)
 
 
 @register_method("topk_prune")
@@ -255,6 +339,7 @@ class TopKPrune(_SubModelPruning):
     class Config(PruneConfig):
         METHOD: ClassVar[str] = "topk_prune"
         scope: Scope = "layer"  # layer: top-k within each tensor; global: one threshold over all prunable tensors
+        inference: Inference = "full"  # measured (README, Pruning)
 
         def validate(self) -> None:
             super().validate()
@@ -278,3 +363,6 @@ class TopKPrune(_SubModelPruning):
         if direction == "up":
             return 0  # the server derives the mask from the weights it sent
         return sum(n for n, p in zip(layout.numels, self.prunable(layout)) if p)  # 1-bit bitmap per prunable entry
+
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+        return magnitude_mask(params, ctx.layout, keep, self.prunable(ctx.layout), self.config.scope)

@@ -3,6 +3,7 @@ loop's bound diagnostics (Gamma_r, Gamma*, uncovered fraction, w^2, sigma_2^2)."
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -21,10 +22,12 @@ from dfbench.benchmark.model import Layout, flatten_
 from dfbench.benchmark.seeds import torch_gen
 from dfbench.benchmark.train import local_train
 from helpers import final_params, tiny_config
-from dfbench.methods.pruning import (SEED_BITS, flop_fraction, keep_count, magnitude_mask, prunable_tensors, random_mask,
+from dfbench.methods.pruning import (INFERENCE_MODES, SEED_BITS, flop_fraction, keep_count, magnitude_mask, prunable_tensors, random_mask,
                              top_k_mask, weight_macs)
 
 PRUNERS = ["random_prune", "topk_prune"]
+# the defaults chosen from the measurements in README's Pruning section
+DEFAULT_INFERENCE = {"random_prune": "scaled", "topk_prune": "full"}
 
 
 def rows_of(d: Path) -> list[dict]:
@@ -33,11 +36,15 @@ def rows_of(d: Path) -> list[dict]:
 
 # -- keep ratio 1.0 is FedAvg --------------------------------------------------------------
 
+@pytest.mark.parametrize("inference", INFERENCE_MODES)
 @pytest.mark.parametrize("name", PRUNERS)
-def test_keep_ratio_one_equals_fedavg_bitwise(tmp_path, tiny_data, name):
+def test_keep_ratio_one_equals_fedavg_bitwise(tmp_path, tiny_data, name, inference):
     base = run_tiny("fedavg", {}, tmp_path / "a", tiny_data)
-    pruned = run_tiny(name, {"keep_ratio": 1.0}, tmp_path / "b", tiny_data)
+    pruned = run_tiny(name, {"keep_ratio": 1.0, "inference": inference}, tmp_path / "b", tiny_data)
     assert torch.equal(final_params(base), final_params(pruned))
+    # the samples too: every inference rule leaves a model nobody pruned untouched
+    with np.load(base / "samples.npz") as a, np.load(pruned / "samples.npz") as b:
+        assert np.array_equal(a["images"], b["images"])
     P = build_context(tiny_config(), data=tiny_data).layout.total
     for ra, rb in zip(rows_of(base), rows_of(pruned)):
         assert (ra["uplink_bits"], ra["downlink_bits"], ra["client_loss"]) == (rb["uplink_bits"], rb["downlink_bits"], rb["client_loss"])
@@ -356,3 +363,120 @@ def test_pruned_run_completes_with_diagnostics_and_exact_bits(tmp_path, tiny_dat
         else:  # independent masks: about 0.5^4 of the prunable weights
             assert 0.3 * 0.5 ** 4 < row["uncovered_fraction"] < 2 * 0.5 ** 4
     assert torch.isfinite(final_params(d)).all()
+
+
+# -- inference rules ----------------------------------------------------------------------
+
+class _LinearCtx:
+    """What the inference rule reads: one Linear(3 -> 2) layer (weight 6 entries, bias 2)."""
+
+    def __init__(self, sizes: list[int], keeps: list[float] | None) -> None:
+        model = nn.Linear(3, 2)
+        _, self.layout = flatten_(model)
+        self.client_sizes = np.array(sizes)
+        self.keep_ratios = None if keeps is None else np.array(keeps)
+
+
+def _all_masks(n: int, k: int) -> list[torch.Tensor]:
+    out = []
+    for kept in itertools.combinations(range(n), k):
+        m = torch.zeros(n, dtype=torch.float64)
+        m[list(kept)] = 1.0
+        out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("sizes,keeps,tiers", [
+    ([5, 5], None, [(1.0, 0.5)]),  # no tiers: keep 0.5 of 6 weights = 3 kept, C(6,3) = 20 masks
+    # tiers: client 0 (n=1) keeps 3 of 6, client 1 (n=3) keeps 2 of 6, client 2 (n=4) dense
+    ([1, 3, 4], [0.5, 0.3, 1.0], [(1 / 8, 0.5), (3 / 8, 0.3), (4 / 8, 1.0)]),
+])
+def test_scaled_rule_is_the_expectation_of_submodel_outputs_for_a_linear_layer(sizes, keeps, tiers):
+    # prepare: float64 weights, bias and inputs; the method's scaled parameters
+    gen = torch.Generator().manual_seed(3)
+    W, b, x = (torch.randn(2, 3, generator=gen, dtype=torch.float64), torch.randn(2, generator=gen, dtype=torch.float64),
+               torch.randn(5, 3, generator=gen, dtype=torch.float64))
+    ctx = _LinearCtx(sizes, keeps)
+    method = methods.create_method("random_prune", keep_ratio=0.5, inference="scaled")
+    # execute
+    scaled = method.inference_params(torch.cat([W.reshape(-1), b]), ctx)
+    y_rule = x @ scaled[:6].reshape(2, 3).T + scaled[6:]
+    # assert: E over (client k with probability n_k/n, every mask with exactly round(p_k * 6) entries)
+    expected = torch.zeros(5, 2, dtype=torch.float64)
+    for p_client, keep in tiers:
+        masks = _all_masks(6, keep_count(6, keep))
+        expected += p_client * sum(x @ (W * m.reshape(2, 3)).T + b for m in masks) / len(masks)
+    assert torch.allclose(y_rule, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(scaled[6:], b)  # biases are not prunable, so not scaled
+
+
+def _captured_sampling_params(method, ctx, params) -> torch.Tensor:
+    seen = []
+    ctx.sample_single = lambda p, noise, objective: seen.append(p.clone()) or noise
+    method.sample(params, torch.zeros(2, *ctx.image_shape), ctx)
+    return seen[0]
+
+
+@pytest.mark.parametrize("keep,inference_keep,seed", [(0.5, 0.0, 0), (0.5, 0.25, 0), (0.5, 0.0, 7)])
+def test_submodel_rule_samples_with_exactly_the_stated_random_mask(tiny_data, keep, inference_keep, seed):
+    # prepare
+    cfg = tiny_config("random_prune", {"keep_ratio": keep, "inference": "submodel", "inference_keep": inference_keep, "inference_seed": seed})
+    ctx = build_context(cfg, data=tiny_data)
+    method = methods.create_method("random_prune", **dict(cfg.method_params))
+    params = torch.randn(ctx.layout.total, generator=torch.Generator().manual_seed(1)) + 3.0  # no zeros
+    # execute
+    used = _captured_sampling_params(method, ctx, params)
+    # assert: params * the stated mask, rebuilt independently of the method
+    target = inference_keep or keep
+    prunable = prunable_tensors(ctx.layout, False)
+    mask = random_mask(ctx.layout, target, prunable, torch_gen(cfg.seed, "inference_mask", seed))
+    assert torch.equal(used, params * mask)
+    for (_, sl, _), p in zip(ctx.layout.slices(), prunable):
+        n = sl.stop - sl.start
+        assert int(torch.count_nonzero(used[sl])) == (keep_count(n, target) if p else n)
+    other = _captured_sampling_params(methods.create_method("random_prune", **{**dict(cfg.method_params), "inference_seed": seed + 1}), ctx, params)
+    assert not torch.equal(other, used)  # the mask seed is a real choice
+
+
+def test_submodel_rule_for_topk_keeps_the_largest_sampled_weights(tiny_data):
+    cfg = tiny_config("topk_prune", {"keep_ratio": 0.25, "inference": "submodel"})
+    ctx = build_context(cfg, data=tiny_data)
+    params = torch.randn(ctx.layout.total, generator=torch.Generator().manual_seed(2))
+    used = _captured_sampling_params(methods.create_method("topk_prune", **dict(cfg.method_params)), ctx, params)
+    for (_, sl, _), p in zip(ctx.layout.slices(), prunable_tensors(ctx.layout, False)):
+        if not p:
+            assert torch.equal(used[sl], params[sl])
+            continue
+        k = keep_count(sl.stop - sl.start, 0.25)
+        top = torch.topk(params[sl].abs(), k).indices
+        expected = torch.zeros_like(params[sl])
+        expected[top] = params[sl][top]
+        assert torch.equal(used[sl], expected)
+
+
+def test_full_rule_samples_the_global_model_and_scaled_multiplies_each_pruned_tensor(tiny_data):
+    ctx = build_context(tiny_config("random_prune"), data=tiny_data)
+    params = torch.randn(ctx.layout.total, generator=torch.Generator().manual_seed(4))
+    full = _captured_sampling_params(methods.create_method("random_prune", keep_ratio=0.4, inference="full"), ctx, params)
+    scaled = _captured_sampling_params(methods.create_method("random_prune", keep_ratio=0.4, inference="scaled"), ctx, params)
+    assert torch.equal(full, params)
+    for (_, sl, _), p in zip(ctx.layout.slices(), prunable_tensors(ctx.layout, False)):
+        n = sl.stop - sl.start
+        assert torch.equal(scaled[sl], params[sl] * (keep_count(n, 0.4) / n) if p else params[sl])
+
+
+@pytest.mark.parametrize("name", PRUNERS)
+def test_default_inference_rule_is_what_dfbench_methods_prints(name, capsys):
+    from dfbench.benchmark.cli import main
+
+    assert main(["methods", name]) == 0
+    printed = capsys.readouterr().out
+    default = methods.create_method(name).config.inference
+    assert default == DEFAULT_INFERENCE[name]
+    assert f"method.inference (full|scaled|submodel, default {default!r})" in printed
+
+
+@pytest.mark.parametrize("key,value", [("inference", "dense"), ("inference_keep", 1.5), ("inference_keep", -0.1), ("inference_seed", -1)])
+def test_bad_inference_hyperparameters_are_clear_errors(key, value):
+    with pytest.raises(ValueError, match=f"method.{key}"):
+        methods.create_method("random_prune", **{key: value})
