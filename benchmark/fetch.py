@@ -22,6 +22,7 @@ their evaluation pending, to be scored later with ``dfbench eval``.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -110,12 +111,16 @@ def _fetch_weights(name: str, progress: bool) -> str:
         found, placement = None, err  # its message lists every place searched
     if found is not None and found != dest:
         actual = file_digest(found, "sha256")
-        if actual != spec.sha256:
+        if actual == spec.sha256:
+            return f"{name}: already available at {found} (sha256 checked); nothing downloaded"
+        env_value = os.environ.get(spec.env_var)
+        if env_value and Path(env_value).expanduser() == found:
+            # the env var is searched before the fetch folder: a download would not be used
             raise FetchError(
-                f"{name}: {found} is found first but is not the pinned file:\n  expected sha256 {spec.sha256}\n"
-                f"  actual   sha256 {actual}\nDelete or replace it (or unset {spec.env_var}); nothing was downloaded."
+                f"{name}: {found} (${spec.env_var}) is not the pinned file:\n  expected sha256 {spec.sha256}\n"
+                f"  actual   sha256 {actual}\nReplace it or unset {spec.env_var}; nothing was downloaded."
             )
-        return f"{name}: already available at {found} (sha256 checked); nothing downloaded"
+        # a wrong file searched after the fetch folder (torch hub, /tmp): the download takes precedence
     try:
         downloaded = download_file(spec.url, dest, "sha256", spec.sha256, progress=progress)
     except DownloadError as err:

@@ -205,3 +205,18 @@ def test_fetch_for_configs_gets_only_what_the_runs_lack(tmp_path, monkeypatch, p
         F.fetch_for_configs(cfgs, progress=False, echo=lambda _: None)  # nothing missing any more
     assert sorted(server.requests) == ["test_32x32.mat", "train_32x32.mat"]  # a dataset is fetched whole
     assert sources.missing("svhn", "train") is None
+
+
+def test_a_wrong_file_in_torch_hub_is_superseded_by_the_fetched_one(tmp_path, monkeypatch):
+    blob = b"the pinned weights"
+    spec = dataclasses.replace(W.INCEPTION_WEIGHTS, sha256=sha256(blob))
+    monkeypatch.setitem(W._KNOWN_WEIGHTS, "inception", spec)
+    hub = tmp_path / "torch_home" / "hub" / "checkpoints" / spec.file_name
+    hub.parent.mkdir(parents=True)
+    hub.write_bytes(b"an older, different file")
+    assert W.find_weights("inception") == hub
+    with serve({spec.file_name: blob}) as server:
+        monkeypatch.setenv("DFBENCH_MIRROR", server.url)
+        F.fetch(["inception"], progress=False, echo=lambda _: None)
+    assert W.find_weights("inception") == tmp_path / "cache" / "weights" / spec.file_name  # searched before hub
+    assert hub.read_bytes() == b"an older, different file"  # someone else's file is not touched
