@@ -115,7 +115,8 @@ def cmd_grid(a: argparse.Namespace) -> int:
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
-                          "`dfbench run`, or split the grid over GPUs with --shard I/N and --device cuda:I")
+                          "`dfbench run`, or start one grid worker per GPU (--device cuda:I, same --out)")
+    _exit_on_sigterm()
     extra = dict(a.overrides) | ({"device": a.device} if a.device else {})
     grid = load_grid(a.grid, extra=extra)
     shard = parse_shard(a.shard) if a.shard else None
@@ -258,13 +259,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("grid", help="run a grid of runs (benchmark/grids/NAME.toml or a file); resumes, skips done cells",
                        description="Run every cell of a grid. A rerun runs missing and unfinished cells (resuming "
-                                   "from their checkpoints), skips done and diverged ones, and lists failed ones.")
+                                   "from their checkpoints), skips done and diverged ones, and lists failed ones. "
+                                   "Several processes started on the same --out without --shard are cooperating "
+                                   "workers: each takes the next cell that is neither done nor locked, longest "
+                                   "estimated cost first, so the work balances itself.")
     g.add_argument("grid", help="a shipped grid name (demo, full, paper, ...) or a path to a .toml file")
     g.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
-    g.add_argument("--shard", default=None, metavar="I/N", help="run cells I, I+N, I+2N, ... (0-based) of the selection, for array jobs")
+    g.add_argument("--shard", default=None, metavar="I/N", help="run cells I, I+N, I+2N, ... (0-based) of the selection, "
+                   "for static array jobs (without it, parallel workers share the cells by locking them)")
     g.add_argument("--only", action="append", default=[], metavar="PATTERN",
                    help="glob over dataset/partition/method/seed, the run id or the run folder, e.g. 'cifar10/dirichlet:0.1/*' (repeatable)")
-    g.add_argument("--dry-run", action="store_true", help="list the cells, their state and cost; run nothing")
+    g.add_argument("--dry-run", action="store_true", help="list the cells, their state, cost and lock owner; run nothing")
     g.add_argument("--retry-failed", action="store_true", help="also rerun failed cells (they resume from their checkpoints)")
     g.add_argument("--force", action="store_true", help="delete and rerun every selected cell, done and diverged ones included")
     g.add_argument("--device", default=None, help="cpu | cuda | cuda:N for every cell (does not change run ids)")

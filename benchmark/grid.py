@@ -19,26 +19,11 @@ A cell's items are merged base < (axes combination | explicit cell) < `--set`/`-
 Every cell becomes a RunConfig before anything runs; all problems are reported together,
 each naming the cell, the key and the allowed values (`GridError`).
 
-Selection: `--only PATTERN` (repeatable; any may match) is a glob over
-"dataset/partition/method/seed" (method with or without its "?k=v" parameters, e.g.
-"cifar10/dirichlet:0.1/*/0"), the run id, or the run folder path below --out. `--shard I/N`
-then takes every N-th of the remaining cells starting at I (0-based), so N array jobs with
-I = 0..N-1 cover the grid exactly once.
-
-What a (re)run does with each selected cell, by the state of its run folder:
-
-    missing     no folder or no status.json            run
-    unfinished  status "running" (killed, preempted)   run: resumes from its newest checkpoint
-    failed      status "failed" (an exception)         skipped and listed; --retry-failed reruns it
-                                                       (resuming from its newest checkpoint)
-    diverged    status "diverged"                      skipped: it is a result, and the same config
-                                                       diverges again; --force reruns it
-    done        status "done"                          skipped; --force deletes it and reruns it
-
-Failed cells are not retried by default so that a deterministic failure (a bug, an
-impossible partition) does not cost every rerun of an array job its time again. A cell
-that fails before its run folder exists (e.g. its dataset cannot be loaded) has no status
-and counts as missing, so a rerun tries it again.
+Which cells a run takes, in what order, and what it does with each by the state of its
+run folder (the rerun policy, locks, cost, the dry-run listing): benchmark/grid_plan.py.
+Running them (`run_grid`): below. Several `dfbench grid NAME --out X` processes without
+--shard are cooperating workers: each takes the next cell that is neither done nor locked
+by a live process, longest estimated cost first, and re-reads its state under the lock.
 """
 
 from __future__ import annotations
@@ -47,7 +32,6 @@ import difflib
 import fnmatch
 import itertools
 import json
-import math
 import sys
 import time
 import tomllib
@@ -57,16 +41,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import results
 from .config import ConfigError, RunConfig, apply_overrides, parse_value
+# selection, state, cost and the dry-run listing live in grid_plan; re-exported: `grid.X` keeps working
+from .grid_plan import (STATES, CellCost, cell_note, cell_state, describe, estimate_cost, fmt_seconds, lock_owner,  # noqa: F401
+                        parse_shard, select_cells, should_run, updated_after, work_order)
+from .lock import RunLock
 
 GRIDS_DIR = Path(__file__).with_name("grids")
 TOP_KEYS = ("name", "description", "base", "axes", "cells")
 SECTIONS = ("data", "train", "system", "eval")
-STATES = ("missing", "unfinished", "failed", "diverged", "done")
-# Rough cost of one sample-gradient evaluation (forward, backward, Adam share) in ms on 2 CPU
-# cores, per model preset; one sampler network evaluation costs about a third of it. Scaled
-# from the small28 figure in benchmark/model.py by relative timings: a planning aid, +-2x.
-CPU_MS_PER_SAMPLE_GRAD = {"tiny": 1.0, "small28": 3.0, "small32": 11.0, "base28": 36.0, "base32": 67.0}
-FORWARD_FRACTION = 1 / 3
 
 
 class GridError(ConfigError):
@@ -338,115 +320,6 @@ def _report(source: str, problems: list[str]) -> str:
     return f"{source}: {len(problems)} problem(s), nothing was run:\n" + "\n".join(f"  - {p}" for p in problems)
 
 
-# -- selection and state ----------------------------------------------------------------------
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'I/N' -> (I, N): this process takes cells I, I+N, I+2N, ... (0-based) of the selection."""
-    try:
-        i_s, n_s = text.split("/")
-        i, n = int(i_s), int(n_s)
-    except ValueError:
-        i, n = -1, 0
-    if not (n >= 1 and 0 <= i < n):
-        raise ConfigError(f"invalid value for '--shard': {text!r}; allowed: I/N with 0 <= I < N, e.g. 0/4 (0-based)")
-    return i, n
-
-
-def select_cells(cells: Sequence[Cell], *, shard: tuple[int, int] | None = None, only: Sequence[str] = ()) -> list[Cell]:
-    """Filter by --only globs (any may match), then take shard I/N of what is left (round-robin).
-
-    Round-robin keeps shards balanced: neighbouring cells usually differ only in the last axis.
-    """
-    chosen = [c for c in cells if not only or any(c.matches(p) for p in only)]
-    if only and not chosen:
-        sample = ", ".join(c.label for c in cells[:3])
-        raise ConfigError(f"--only {' '.join(map(repr, only))} matches no cell; patterns are globs over "
-                          f"dataset/partition/method/seed (e.g. {sample}), the run id or the run folder path")
-    if shard is not None:
-        i, n = shard
-        chosen = chosen[i::n]
-    return chosen
-
-
-def cell_state(out: str | Path, cell: Cell) -> str:
-    """missing | unfinished | failed | diverged | done, from the cell's status.json."""
-    status = results.read_status(cell.folder(out))
-    if status is None:
-        return "missing"
-    state = status.get("state")
-    return "unfinished" if state == "running" else str(state)
-
-
-def should_run(state: str, *, retry_failed: bool = False, force: bool = False) -> bool:
-    """The rerun policy (see the module docstring)."""
-    if force:
-        return True
-    if state == "failed":
-        return retry_failed
-    return state in ("missing", "unfinished")
-
-
-# -- cost ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CellCost:
-    sample_grads: float  # sum over rounds and clients of local steps x batch size
-    eval_forwards: float  # evaluation samples x network evaluations per sample
-    cpu_seconds: float  # rough: see CPU_MS_PER_SAMPLE_GRAD
-
-
-def estimate_cost(cfg: RunConfig) -> CellCost:
-    """Expected work of one run from its config alone (method extras such as a router not included)."""
-    from .diffusion import default_sampler
-    from .model import resolve_preset
-
-    n, t, s = cfg.data.clients, cfg.train, cfg.system
-    per_round = max(1, int(round(s.participation * n))) * (1 - s.dropout)  # as sample_round_clients
-    slow = int(round(s.stragglers * n))
-    mean_steps = ((n - slow) * t.local_steps + slow * max(1, math.ceil(s.straggler_steps * t.local_steps))) / n
-    grads = t.rounds * per_round * mean_steps * t.batch_size
-    sampler = cfg.eval.sampler if cfg.eval.sampler != "auto" else default_sampler(t.objective)
-    forwards = cfg.eval.samples * cfg.eval.sampler_steps * (2 if sampler == "heun" else 1)
-    ms = CPU_MS_PER_SAMPLE_GRAD.get(resolve_preset(t.model, cfg.data.dataset), 67.0)
-    return CellCost(grads, forwards, (grads + FORWARD_FRACTION * forwards) * ms / 1000)
-
-
-def fmt_seconds(s: float) -> str:
-    s = int(round(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def describe(grid: Grid, cells: Sequence[Cell], out: str | Path, *, retry_failed: bool = False, force: bool = False) -> str:
-    """The dry-run listing: every selected cell, its state, what a run would do, and its cost."""
-    head = ["#", "run id", "dataset", "partition", "method", "seed", "rounds", "state", "action", "sample-grads", "eval-NFE", "~cpu"]
-    rows, todo = [], CellCost(0, 0, 0)
-    for c in cells:
-        state = cell_state(out, c)
-        go = should_run(state, retry_failed=retry_failed, force=force)
-        cost = estimate_cost(c.cfg)
-        if go:
-            todo = CellCost(todo.sample_grads + cost.sample_grads, todo.eval_forwards + cost.eval_forwards, todo.cpu_seconds + cost.cpu_seconds)
-        rows.append([str(c.index), c.run_id, c.cfg.data.dataset, c.cfg.data.partition, c.method, str(c.cfg.seed),
-                     str(c.cfg.train.rounds), state, "run" if go else "skip", f"{cost.sample_grads:,.0f}",
-                     f"{cost.eval_forwards:,.0f}", fmt_seconds(cost.cpu_seconds)])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [f"grid {grid.name} ({grid.source}): {len(grid.cells)} cell(s), {len(cells)} selected; runs under {out}"]
-    if grid.description:
-        lines.append(grid.description)
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *rows]]
-    n_run = sum(r[8] == "run" for r in rows)
-    lines.append(
-        f"to run: {n_run} cell(s), {todo.sample_grads:,.0f} sample-gradient evaluations (local steps x batch size, "
-        f"over rounds and clients) and {todo.eval_forwards:,.0f} network evaluations for sampling; "
-        f"rough time on 2 CPU cores {fmt_seconds(todo.cpu_seconds)} (+-2x, evaluation features and method "
-        f"extras not included; a GPU is far faster)")
-    return "\n".join(lines)
-
-
 # -- running --------------------------------------------------------------------------------------
 
 @dataclass
@@ -457,6 +330,7 @@ class CellOutcome:
     ran: bool
     seconds: float = 0.0
     note: str = ""  # metric, error or divergence reason
+    error: bool = False  # it raised when run now
 
 
 @dataclass
@@ -469,12 +343,13 @@ class GridSummary:
 
     @property
     def unfinished(self) -> list[CellOutcome]:
-        """Cells not done and not diverged: failed now, failed before and skipped, or never run."""
+        """Cells not done and not diverged: failed now, failed before and skipped, never run, or run elsewhere."""
         return [o for o in self.outcomes if o.after not in ("done", "diverged")]
 
     @property
     def ok(self) -> bool:
-        return not self.unfinished
+        """Nothing failed or left undone here (cells another live worker is running are its business)."""
+        return all(o.after == "running" for o in self.unfinished)
 
     def text(self) -> str:
         counts = ", ".join(f"{self.count(s)} {s}" for s in STATES if self.count(s))
@@ -504,32 +379,23 @@ class _DataCache:
         return self.loaded[key]
 
 
-def _note(out: str | Path, cell: Cell, state: str) -> str:
-    """The one-line result of a cell: its first metric, or why it has none."""
-    d = cell.folder(out)
-    if state == "done":
-        path = d / "metrics.json"
-        metrics = results.read_json(path) if path.exists() else {}
-        if metrics.get("evaluation_pending"):
-            return "evaluation pending (see status.json)"
-        rows = metrics.get("evaluations") or []
-        return ", ".join(f"{r['metric']}={r['value']:.4g}" for r in rows[:2]) or "no metric (eval.metrics=none)"
-    status = results.read_status(d) or {}
-    return str(status.get("error", "")).splitlines()[0] if status.get("error") else ""
-
-
 def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = None, only: Sequence[str] = (),
              retry_failed: bool = False, force: bool = False, progress: bool = True, data: Any = None,
              echo: Callable[[str], None] | None = None, download: bool = False) -> GridSummary:
     """Run the selected cells one after another; a failing cell is recorded and the grid goes on.
 
+    Without `shard` this process is one of any number of workers on `out`: it takes the cells
+    longest estimated cost first; with `shard`, its shard in grid order. Either way each cell's
+    run lock is taken first: a cell locked by a live process is skipped (its owner runs it,
+    outcome "running"), and under the lock the state is read again, so a cell another worker
+    finished meanwhile is not run twice (nor one it finished or failed after this worker
+    started, even with --force / --retry-failed).
     Before the first cell, `fetch.preflight` checks the inputs of the cells to run: missing data
     raises `fetch.MissingInputsError` (nothing run), or is fetched with `download`.
     `data`: one ImageSet used for every cell (tests); by default each dataset is loaded once.
     `echo`: where the one-line summaries go (default: stdout, above the progress bars).
     """
-    from . import loop
-
+    started = time.time()
     cells = select_cells(grid.cells, shard=shard, only=only)
     _check_devices(cells)
     summary = GridSummary(grid)
@@ -539,30 +405,52 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
         if should_run(state, retry_failed=retry_failed, force=force):
             todo.append((c, state))
         else:
-            summary.outcomes.append(CellOutcome(c, state, state, ran=False, note=_note(out, c, state)))
+            summary.outcomes.append(CellOutcome(c, state, state, ran=False, note=cell_note(out, c, state)))
     from .fetch import preflight
 
     preflight([c.cfg for c, _ in todo], download=download, check_data=data is None, progress=progress)
+    if shard is None:
+        before = {c.index: s for c, s in todo}
+        todo = [(c, before[c.index]) for c in work_order([c for c, _ in todo])]
     bar = _bar(todo, progress, f"grid {grid.name}")
     say = echo or (_tqdm_write if progress else print)
     cache = _DataCache(data)
-    for j, (cell, before) in enumerate(bar, 1):
+    for j, (cell, before_state) in enumerate(bar, 1):
+        o = _run_cell(cell, before_state, out, cache, started=started, retry_failed=retry_failed, force=force, progress=progress)
+        summary.outcomes.append(o)
+        where = f"  (traceback: {cell.folder(out) / 'status.json'})" if o.error and cell.folder(out).exists() else ""
+        verb = o.after if o.ran else "busy" if o.after == "running" else "skip"
+        say(f"[{j}/{len(todo)}] {verb:<8} {cell.label}  {o.note}  {fmt_seconds(o.seconds)}{where}")
+    summary.outcomes.sort(key=lambda o: o.cell.index)
+    return summary
+
+
+def _run_cell(cell: Cell, before: str, out: str | Path, cache: _DataCache, *, started: float, retry_failed: bool,
+              force: bool, progress: bool) -> CellOutcome:
+    """Lock the cell, re-check it under the lock, run it if it is still to run; the lock is always released."""
+    from . import loop
+
+    lk = RunLock(cell.folder(out))
+    if not lk.try_acquire():
+        return CellOutcome(cell, before, "running", ran=False, note=f"locked by {lock_owner(out, cell)[0] or 'another process'}")
+    try:
+        state = cell_state(out, cell)
+        finished_by_peer = state in ("failed", "diverged", "done") and updated_after(out, cell, started)
+        if finished_by_peer or not should_run(state, retry_failed=retry_failed, force=force):
+            return CellOutcome(cell, before, state, ran=False, note=cell_note(out, cell, state))
         t0 = time.perf_counter()
         error = ""
         try:
-            loop.run(cell.cfg, out, force=force, progress=progress, data=cache.get(cell.cfg))
+            loop.run(cell.cfg, out, force=force, progress=progress, data=cache.get(cell.cfg), lock=lk)
         except Exception as err:  # noqa: BLE001 - isolate the cell: record it, go on with the grid
             error = f"{type(err).__name__}: {err}".splitlines()[0]
         seconds = time.perf_counter() - t0
-        after = cell_state(out, cell)
-        if error and after != "failed":
-            after = "failed"  # it failed before its folder (and status) existed
-        note = error or _note(out, cell, after)
-        summary.outcomes.append(CellOutcome(cell, before, after, ran=True, seconds=seconds, note=note))
-        where = f"  (traceback: {cell.folder(out) / 'status.json'})" if error and cell.folder(out).exists() else ""
-        say(f"[{j}/{len(todo)}] {after:<8} {cell.label}  {note}  {fmt_seconds(seconds)}{where}")
-    summary.outcomes.sort(key=lambda o: o.cell.index)
-    return summary
+    finally:
+        lk.release()
+    after = cell_state(out, cell)
+    if error and after != "failed":
+        after = "failed"  # it failed before its folder (and status) existed
+    return CellOutcome(cell, before, after, ran=True, seconds=seconds, note=error or cell_note(out, cell, after), error=bool(error))
 
 
 def _check_devices(cells: Sequence[Cell]) -> None:

@@ -69,7 +69,9 @@ def read_json(path: Path) -> Any:
 
 def write_status(d: Path, state: str, **extra: Any) -> None:
     assert state in STATES, state
-    write_json(d / "status.json", {"state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra})
+    now = time.time()  # "updated_epoch": sub-second, so grid workers can tell what a peer wrote after they started
+    write_json(d / "status.json", {"state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+                                   "updated_epoch": round(now, 3), **extra})
 
 
 def read_status(d: Path) -> dict[str, Any] | None:

@@ -284,3 +284,87 @@ def test_cuda_cells_without_a_gpu_are_refused_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match="'device': 'cuda'; allowed: cpu"):
         G.run_grid(G.load_grid(path, extra={"device": "cuda"}), tmp_path / "runs", progress=False)
     assert not (tmp_path / "runs").exists()
+
+
+# -- workers sharing one --out (locks; the multi-process tests are in tests/test_workers.py) -------
+
+def _two_lengths(tmp_path: Path) -> G.Grid:
+    """Cells of 1 and 2 rounds: the 2-round cells cost more."""
+    return G.load_grid(write_grid(tmp_path / "two.toml", TINY, {"train.rounds": [1, 2], "seed": [0, 1]}))
+
+
+def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from dfbench.benchmark.lock import LOCK_NAME, RunLock
+
+    grid, out = _two_lengths(tmp_path), tmp_path / "runs"
+    live = RunLock(grid.cells[0].folder(out))
+    live.acquire()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = grid.cells[1].folder(out)
+    stale.mkdir(parents=True)
+    (stale / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 0, "token": "x",
+                                               "boot_id": __import__("dfbench.benchmark.lock", fromlist=["_boot_id"])._boot_id()}))
+    try:
+        text = G.describe(grid, grid.cells, out)
+    finally:
+        live.release()
+    rows = {line.split()[1]: line for line in text.splitlines() if line.split() and line.split()[0].isdigit()}
+    row0, row1 = rows[grid.cells[0].run_id], rows[grid.cells[1].run_id]
+    assert " busy " in row0 and f"{socket.gethostname()}:{os.getpid()} since " in row0 and "heartbeat" in row0
+    assert " run " in row1 and f"stale (pid {dead.pid} no longer exists on this host)" in row1
+    assert "to run: 3 cell(s)" in text and "busy: 1 cell(s) locked by a live process" in text
+
+
+def test_a_worker_runs_longest_first_and_leaves_locked_cells_to_their_owner(tmp_path, tiny_data, monkeypatch):
+    from dfbench.benchmark.lock import RunLock
+
+    grid, out = _two_lengths(tmp_path), tmp_path / "runs"
+    order: list[tuple[int, int]] = []
+    real = loop.run
+
+    def run(cfg, out_, **kw):
+        order.append((cfg.train.rounds, cfg.seed))
+        assert kw["lock"].held  # the worker holds the cell's lock while it runs
+        return real(cfg, out_, **kw)
+
+    monkeypatch.setattr(loop, "run", run)
+    other = RunLock(grid.cells[3].folder(out))  # 2 rounds, seed 1: another worker is on it
+    other.acquire()
+    lines: list[str] = []
+    try:
+        summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+    finally:
+        other.release()
+    assert order == [(2, 0), (1, 0), (1, 1)]  # longest first, ties in grid order; the locked one skipped
+    assert [o.after for o in summary.outcomes] == ["done", "done", "done", "running"]
+    assert summary.ok and "running: fmnist/iid/fedavg/1" in summary.text() and "locked by" in summary.text()
+    assert lines[0].startswith("[1/4] done") and any(line.startswith("[2/4] busy") for line in lines)
+    # --shard keeps the grid order (static split)
+    order.clear()
+    G.run_grid(grid, out, shard=(0, 1), progress=False, data=tiny_data, force=True, echo=lines.append)
+    assert order == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_a_cell_a_peer_finished_after_this_worker_started_is_not_rerun_even_with_force(tmp_path, tiny_data, monkeypatch):
+    from dfbench.benchmark import results
+
+    grid, out = seeds_grid(tmp_path, rounds=1), tmp_path / "runs"
+    G.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)  # all done, before this worker
+    ran: list[int] = []
+    real = loop.run
+
+    def run(cfg, out_, **kw):
+        ran.append(cfg.seed)
+        if cfg.seed == 0:  # meanwhile a peer worker of the same launch reruns seed 1 to the end
+            results.write_status(grid.cells[1].folder(out), "done")
+        return real(cfg, out_, **kw)
+
+    monkeypatch.setattr(loop, "run", run)
+    G.run_grid(grid, out, progress=False, data=tiny_data, force=True, echo=lambda _: None)
+    assert ran == [0, 2]

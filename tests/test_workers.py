@@ -1,0 +1,182 @@
+"""Many processes, one results folder: real `dfbench` processes racing on runs and grids.
+
+Each process is this file run as a script: it swaps the dataset for the small synthetic one
+(conftest.make_imageset), records every round it trains in a shared trace file, optionally
+sleeps in each round (so that runs overlap however slowly the machine starts them) or SIGKILLs
+itself after a checkpoint, waits for a common start time, then calls `dfbench` (cli.main).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dfbench.benchmark import grid as G
+from dfbench.benchmark import loop, results
+from dfbench.benchmark.cli import build_parser, config_from_args
+from dfbench.benchmark.lock import LOCK_NAME, read_lock
+
+HERE = Path(__file__).resolve().parent
+# as small as a run gets (about 0.2 s of CPU a round): the processes, not the training, are under test
+SMALL = {"data.clients": 2, "train.local_steps": 1, "train.sigma1_probe_steps": 0, "checkpoint_every": 1}
+RUN_ARGS = ["--dataset", "fmnist", "--clients", "2", "--local-steps", "1", "--batch-size", "8", "--eval-samples", "16",
+            "--sampler-steps", "3", "--set", "train.model=tiny", "--set", "eval.metrics=none", "--set", "eval.grid=4",
+            "--set", "data.min_client_size=4", "--set", "train.sigma1_probe_steps=0", "--set", "checkpoint_every=1",
+            "--no-progress"]
+LIMIT_S = 120
+
+
+# -- the worker (this file run as a script) ---------------------------------------------------
+
+def _worker(spec: dict[str, Any]) -> int:
+    torch.set_num_threads(1)
+    from conftest import make_imageset
+
+    from dfbench import datasets
+    from dfbench.benchmark.cli import main
+
+    data = make_imageset()
+    datasets.load = lambda name, split, root=None, **kw: data  # type: ignore[assignment]
+    real_round, real_save = loop.train_round, results.save_checkpoint
+
+    def train_round(method: Any, state: Any, ctx: Any, r: int) -> Any:
+        with open(spec["trace"], "a") as f:  # one short O_APPEND write per line: lines never interleave
+            f.write(f"{os.getpid()} {ctx.cfg.run_id()} {r}\n")
+        time.sleep(spec.get("round_sleep", 0.0))
+        return real_round(method, state, ctx, r)
+
+    def save_checkpoint(d: Path, round_: int, payload: dict[str, Any], keep: int = 2) -> Path:
+        path = real_save(d, round_, payload, keep)
+        if round_ == spec.get("kill_after_checkpoint"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return path
+
+    loop.train_round, results.save_checkpoint = train_round, save_checkpoint  # type: ignore[assignment]
+    while time.time() < spec.get("start_at", 0.0):  # every process imported: start together
+        time.sleep(0.005)
+    return main(spec["argv"])
+
+
+def _start(specs: list[dict[str, Any]], logs: Path, delay_s: float = 3.0) -> list[subprocess.Popen]:
+    """Start one process per spec; they begin their command together, `delay_s` from now."""
+    start_at = time.time() + delay_s
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    procs = []
+    for i, spec in enumerate(specs):
+        out = open(logs / f"p{i}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, __file__, json.dumps({**spec, "start_at": start_at})],
+                                      stdout=out, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent))
+        out.close()
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], logs: Path) -> list[int]:
+    try:
+        return [p.wait(timeout=LIMIT_S) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a worker hung:\n" + "\n".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(logs.glob("*.log"))))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _trace(path: Path) -> list[tuple[int, str, int]]:
+    return [(int(a), b, int(c)) for a, b, c in (line.split() for line in path.read_text().splitlines())]
+
+
+def _no_leftovers(root: Path) -> None:
+    assert not list(root.rglob(LOCK_NAME + "*")) and not list(root.rglob("*.tmp"))
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+def test_two_processes_racing_on_one_run_train_it_once(tmp_path):
+    # prepare / execute: the same `dfbench run` twice, started at the same moment
+    out, trace = tmp_path / "runs", tmp_path / "trace.txt"
+    argv = ["run", *RUN_ARGS, "--rounds", "3", "--out", str(out)]
+    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.5}] * 2, tmp_path)
+    codes = _wait(procs, tmp_path)
+    # assert: one trained (exit 0), the other stopped at once (exit 1) naming the owner
+    logs = [(tmp_path / f"p{i}.log").read_text() for i in range(2)]
+    assert sorted(codes) == [0, 1], logs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    assert "dfbench: error: run folder" in logs[loser]
+    assert f"is in use by host {socket.gethostname()}, pid {procs[winner].pid}, since " in logs[loser]
+    rows = _trace(trace)
+    assert {pid for pid, _, _ in rows} == {procs[winner].pid} and [r for _, _, r in rows] == [1, 2, 3]
+    d = results.run_dir(out, config_from_args(build_parser().parse_args(argv)))
+    assert [r["round"] for r in results.read_rounds(d)] == [1, 2, 3]
+    assert results.read_status(d)["state"] == "done"
+    _no_leftovers(out)
+
+
+def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path):
+    # prepare: 6 cells, three of 2 rounds and three of 1 (so the cost order is visible)
+    from test_grid import write_grid
+
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "six.toml", {**TINY, **SMALL}, {"train.rounds": [1, 2], "seed": [0, 1, 2]})
+    grid = G.load_grid(path)
+    out, trace = tmp_path / "runs", tmp_path / "trace.txt"
+    # execute: three workers, no --shard
+    argv = ["grid", str(path), "--out", str(out), "--no-progress"]
+    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.4}] * 3, tmp_path)
+    codes = _wait(procs, tmp_path)
+    logs = "\n".join((tmp_path / f"p{i}.log").read_text() for i in range(3))
+    assert codes == [0, 0, 0], logs
+    # assert: every round of every cell trained exactly once; all done; no duplicate rows
+    rows = _trace(trace)
+    assert Counter((rid, r) for _, rid, r in rows) == Counter(
+        (c.run_id, r) for c in grid.cells for r in range(1, c.cfg.train.rounds + 1))
+    for c in grid.cells:
+        d = c.folder(out)
+        assert results.read_status(d)["state"] == "done"
+        assert [r["round"] for r in results.read_rounds(d)] == list(range(1, c.cfg.train.rounds + 1))
+    # the work was shared, and each worker began with one of the long cells
+    first = {}
+    for pid, rid, _ in rows:
+        first.setdefault(pid, rid)
+    long_ids = {c.run_id for c in grid.cells if c.cfg.train.rounds == 2}
+    assert len(first) >= 2 and set(first.values()) <= long_ids, rows
+    assert logs.count(" done     ") == 6  # each cell reported done by exactly one worker
+    _no_leftovers(out)
+    assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+
+
+def test_a_lock_left_by_a_sigkilled_owner_is_taken_over_and_the_run_resumes_bitwise(tmp_path, tiny_data):
+    # prepare: a `dfbench run` SIGKILLs itself right after its round-2 checkpoint (of 3)
+    out, trace = tmp_path / "runs", tmp_path / "trace.txt"
+    argv = ["run", *RUN_ARGS, "--rounds", "3", "--out", str(out)]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    procs = _start([{"argv": argv, "trace": str(trace), "kill_after_checkpoint": 2}], tmp_path, delay_s=0)
+    assert _wait(procs, tmp_path) == [-signal.SIGKILL]
+    d = results.run_dir(out, cfg)
+    owner = read_lock(d)
+    assert owner is not None and owner.pid == procs[0].pid  # the dead owner's lock is still there
+    assert results.read_status(d)["state"] == "running" and results.load_checkpoint(d)["round"] == 2
+    # execute: the next run takes the lock over (the pid is gone) and resumes from round 2
+    with pytest.warns(UserWarning, match=f"took over the stale lock .* pid {owner.pid} no longer exists"):
+        assert loop.run(cfg, out, data=tiny_data, progress=False) == d
+    # assert: bitwise the uninterrupted run; every round once; lock released
+    ref = loop.run(cfg, tmp_path / "ref", data=tiny_data, progress=False)
+    assert torch.equal(results.load_checkpoint(d)["params"], results.load_checkpoint(ref)["params"])
+    assert [r["round"] for r in results.read_rounds(d)] == [1, 2, 3]
+    assert results.read_status(d)["state"] == "done" and read_lock(d) is None
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(json.loads(sys.argv[1])))
