@@ -1,14 +1,18 @@
 """Sample-quality metrics against cached reference statistics.
 
-    images (uint8) -> Extractor.features -> mean / covariance -> frechet_distance
-                                         -> features          -> kid
-    reference split -> Extractor.features -> cached npz (mu, sigma, KID subset)
+    images (uint8) -> Extractor.features -> mean / covariance -> frechet_distance (+ bootstrap interval)
+                                         -> features          -> kid, prdc, per-client distances
+                   -> pinned classifier  -> class histogram   -> class_tv, low_classes
+    reference split -> Extractor.features -> cached npz (mu, sigma, seeded subset + its indices, label counts)
 
 Metric names say which network produced them: ``fd_fmnist`` (the committed
 Fashion-MNIST classifier; never reported as FID), ``fid`` / ``kid``
 (pytorch-fid's TF-Inception port), ``fid_clean`` (clean-fid). Every row
 records the extractor and its weights' sha256, the backend, the resize, the
-number of samples and the reference split.
+number of samples and the reference split; every Frechet row its interval
+(``ci_low``, ``ci_high``, ``ci_level``, ``ci_method``, ``ci_replicates``;
+`benchmark.uncertainty`). Rows whose metric is better when higher carry
+``"better": "higher"``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from .features import (
     get_extractor,
 )
 from .fid import GaussianMoments, frechet_distance, kid
+from .image_files import FD_METRIC_OF_EXTRACTOR as _FD_METRIC_OF_EXTRACTOR
+from .image_files import fid_between, load_image_source
 
 __all__ = [
     "DATASET_SHAPES",
@@ -39,6 +45,7 @@ __all__ = [
     "WeightsHashError",
     "cache_dir",
     "evaluate_images",
+    "evaluate_samples",
     "fid_between",
     "frechet_distance",
     "get_extractor",
@@ -51,7 +58,6 @@ MetricName = Literal["fd_fmnist", "fid", "kid", "fid_clean"]
 METRICS: tuple[str, ...] = ("fd_fmnist", "fid", "kid", "fid_clean")
 # Which extractor each metric is computed with.
 _METRIC_EXTRACTOR = {"fd_fmnist": "fmnist", "fid": "inception", "kid": "inception", "fid_clean": "clean"}
-_FD_METRIC_OF_EXTRACTOR = {"fmnist": "fd_fmnist", "inception": "fid", "clean": "fid_clean"}
 
 # Image shape [C, H, W] of each dataset: generated samples must match it.
 DATASET_SHAPES: dict[str, tuple[int, int, int]] = {
@@ -60,13 +66,16 @@ DATASET_SHAPES: dict[str, tuple[int, int, int]] = {
     "cifar10": (3, 32, 32),
 }
 
-# Reference features kept for KID (a seeded subset; the full 60k x 2048 set
-# would be ~0.5 GB even in float32). KID draws subsets of 1000 from these.
+# Reference features kept for KID, precision/recall/density/coverage and per-client
+# quality: a seeded subset (the full 60k x 2048 set would be ~0.5 GB even in
+# float32), stored in its seeded random order with its dataset indices. KID draws
+# subsets of 1000 from it; PRDC compares the N samples with its first N rows.
 KID_REFERENCE_SAMPLES = 10_000
 # Images per feature pass over a reference split (bounds host memory).
 _REFERENCE_CHUNK = 4096
 # Bump when the layout of the cached npz changes.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # v2: subset in seeded order + its indices, reference label counts
+_CACHED_KEYS = ("mu", "sigma", "kid_features", "subset_indices", "label_counts", "num_samples")
 
 
 def cache_dir() -> Path:
@@ -111,7 +120,8 @@ def _compute_reference(
     images: torch.Tensor, extractor: Extractor, batch_size: int, progress: bool
 ) -> dict[str, np.ndarray]:
     count = images.shape[0]
-    keep = np.sort(np.random.default_rng(0).choice(count, min(count, KID_REFERENCE_SAMPLES), replace=False))
+    subset = np.random.default_rng(0).choice(count, min(count, KID_REFERENCE_SAMPLES), replace=False)
+    keep = np.sort(subset)  # streamed in dataset order, stored in the seeded order below
     moments = GaussianMoments()
     kid_rows = []
     chunks = range(0, count, _REFERENCE_CHUNK)
@@ -127,7 +137,9 @@ def _compute_reference(
         # Network features are float32, so storing the KID subset as float32 is lossless.
         kid_rows.append(feats[local].astype(np.float32))
     mu, sigma = moments.finalize()
-    return {"mu": mu, "sigma": sigma, "kid_features": np.concatenate(kid_rows), "num_samples": np.array(count)}
+    feats = np.concatenate(kid_rows)[np.searchsorted(keep, subset)]
+    return {"mu": mu, "sigma": sigma, "kid_features": feats, "subset_indices": subset.astype(np.int64),
+            "num_samples": np.array(count)}
 
 
 def _reference(
@@ -140,7 +152,8 @@ def _reference(
     batch_size: int = 256,
     progress: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Cached reference arrays: mu, sigma, kid_features, num_samples."""
+    """Cached reference arrays: mu, sigma, kid_features (the seeded subset), subset_indices,
+    label_counts (per class, of the split's labels), num_samples."""
     _check_dataset(dataset)
     data = _load_dataset(dataset, split, data_root)
     root = Path(cache_dir_) if cache_dir_ is not None else cache_dir()
@@ -149,8 +162,9 @@ def _reference(
         with np.load(path, allow_pickle=False) as cached:
             # The file name holds hash prefixes; the full hashes inside decide.
             if str(cached["dataset_sha256"]) == data.sha256 and str(cached["extractor_sha256"]) == extractor.sha256:
-                return {key: cached[key] for key in ("mu", "sigma", "kid_features", "num_samples")}
+                return {key: cached[key] for key in _CACHED_KEYS}
     arrays = _compute_reference(data.images, extractor, batch_size, progress)
+    arrays["label_counts"] = np.bincount(np.asarray(data.labels, dtype=np.int64))
     _atomic_savez(
         path,
         {
@@ -250,6 +264,8 @@ def evaluate_images(
     batch_size: int = 256,
     kid_subsets: int = 100,
     kid_subset_size: int = 1000,
+    bootstrap: int | None = None,
+    seed: int = 0,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Score uint8 samples [N, C, H, W] of `dataset` against its `reference_split`.
@@ -258,11 +274,64 @@ def evaluate_images(
     Inception weights are found; ["fid", "kid"] for svhn / cifar10 (raises
     `MissingWeightsError` without the weights). Explicit metrics whose weights
     are missing raise before any feature is computed. Returns one dict per
-    metric, in the order requested.
+    metric, in the order requested, each with its interval (ci_low, ci_high,
+    ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
+    over the samples with `bootstrap` replicates (None: 200 up to 512-d
+    features, 100 above; 0: no interval), seeded by `seed`.
     """
+    rows, _ = evaluate_samples(
+        images, dataset, metrics=metrics, reference_split=reference_split, data_root=data_root,
+        cache_dir=cache_dir, inception_weights=inception_weights, clean_weights=clean_weights, device=device,
+        batch_size=batch_size, kid_subsets=kid_subsets, kid_subset_size=kid_subset_size, bootstrap=bootstrap,
+        seed=seed, quality=False, progress=progress,
+    )
+    return rows
+
+
+def evaluate_samples(
+    images: torch.Tensor,
+    dataset: str,
+    *,
+    metrics: Sequence[str] | Literal["auto"] = "auto",
+    reference_split: str = "train",
+    data_root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    inception_weights: str | Path | None = None,
+    clean_weights: str | Path | None = None,
+    device: str = "cpu",
+    batch_size: int = 256,
+    kid_subsets: int = 100,
+    kid_subset_size: int = 1000,
+    bootstrap: int | None = None,
+    seed: int = 0,
+    quality: bool = True,
+    client_indices: Sequence[np.ndarray] | None = None,
+    expert_of_client: np.ndarray | None = None,
+    progress: bool = False,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`evaluate_images` plus, with `quality`, the rows that say *why* a score is what it is.
+
+    Per extractor: precision / recall / density / coverage (``precision_<extractor>``, ...;
+    `benchmark.prdc`) of the samples against as many rows of the cached reference subset;
+    mode coverage (``class_tv``, ``low_classes``; `benchmark.coverage`) when the dataset has
+    a classifier; per-client quality (``client_<fd>_mean`` / ``_worst``, and
+    ``expert_<fd>_worst`` given `expert_of_client`; `benchmark.client_quality`) given the
+    clients' training-split indices. Returns (rows, notes): a metric that cannot be
+    computed is left out and a note says why.
+    """
+    from .client_quality import client_quality_rows
+    from .coverage import mode_coverage_rows
+    from .prdc import prdc
+    from .seeds import derive_seed
+    from .uncertainty import FrechetReference, default_replicates
+
     _check_dataset(dataset)
     _check_images(images, dataset)
     chosen = _resolve_metrics(metrics, dataset, inception_weights)
+    if bootstrap is not None and (bootstrap < 0 or bootstrap == 1):
+        raise ValueError(f"bootstrap must be 0 (no interval), >= 2 replicates, or None (default), got {bootstrap}")
+    if client_indices is not None and expert_of_client is not None and len(expert_of_client) != len(client_indices):
+        raise ValueError(f"expert_of_client has {len(expert_of_client)} entries for {len(client_indices)} clients")
 
     # Fail on missing weights before any (slow) feature work.
     needed = list(dict.fromkeys(_METRIC_EXTRACTOR[m] for m in chosen))
@@ -271,140 +340,66 @@ def evaluate_images(
     extractors = {name: get_extractor(name, weights=paths.get(name), device=device) for name in needed}  # type: ignore[arg-type]
 
     reference = f"{dataset}/{reference_split}"
+    count = int(images.shape[0])
     rows: dict[str, dict[str, Any]] = {}
+    extra: list[dict[str, Any]] = []
+    notes: list[str] = []
+    label_counts = None
     for name, extractor in extractors.items():
         feats = extractor.features(images, batch_size=batch_size, device=device, progress=progress)
         ref = _reference(
             dataset, reference_split, extractor,
             data_root=data_root, cache_dir_=cache_dir, batch_size=batch_size, progress=progress,
         )
+        label_counts = ref["label_counts"]
+        common = {"extractor": extractor.name, "extractor_sha256": extractor.sha256, "backend": extractor.backend,
+                  "resize": extractor.resize, "num_samples": count, "reference": reference}
         for metric in (m for m in chosen if _METRIC_EXTRACTOR[m] == name):
+            interval = None
             if metric == "kid":
                 value, std_err = kid(
                     feats, ref["kid_features"], num_subsets=kid_subsets, subset_size=kid_subset_size, seed=0
                 )
+                std_err = None if np.isnan(std_err) else float(std_err)
+                if std_err is not None:  # normal interval from the spread of the subset estimates
+                    interval = {"ci_low": value - 1.96 * std_err, "ci_high": value + 1.96 * std_err, "ci_level": 0.95,
+                                "ci_method": "95% normal interval from the spread of KID subset estimates",
+                                "ci_replicates": kid_subsets}
             else:
                 value = frechet_distance(feats.mean(axis=0), np.cov(feats, rowvar=False), ref["mu"], ref["sigma"])
                 std_err = None
-            rows[metric] = {
-                "metric": metric,
-                "value": float(value),
-                "std_err": None if std_err is None or np.isnan(std_err) else float(std_err),
-                "extractor": extractor.name,
-                "extractor_sha256": extractor.sha256,
-                "backend": extractor.backend,
-                "resize": extractor.resize,
-                "num_samples": int(images.shape[0]),
-                "reference": reference,
-            }
-    return [rows[m] for m in chosen]
-
-
-# ------------------------------------------------------------------ dfbench fid A B
-
-
-def _png_folder(folder: Path) -> torch.Tensor:
-    from PIL import Image
-
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".png")
-    if not files:
-        raise ValueError(f"{folder} contains no .png files")
-    arrays = []
-    for file in files:
-        with Image.open(file) as img:
-            if img.mode in ("L", "1", "I", "I;16", "LA"):
-                arrays.append(np.asarray(img.convert("L"))[..., None])
-            else:
-                arrays.append(np.asarray(img.convert("RGB")))
-    if len({a.shape[:2] for a in arrays}) != 1:
-        raise ValueError(f"{folder}: images have different sizes; resize them to one size first")
-    if len({a.shape[2] for a in arrays}) != 1:
-        # Mixed grayscale and colour: promote all to RGB, as PIL's convert("RGB") does.
-        arrays = [np.repeat(a, 3, axis=2) if a.shape[2] == 1 else a for a in arrays]
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
-
-
-def _array_file(path: Path) -> torch.Tensor:
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as data:
-            keys = list(data.keys())
-            if "images" in keys:
-                array = data["images"]
-            elif len(keys) == 1:
-                array = data[keys[0]]
-            else:
-                raise ValueError(f"{path}: expected an 'images' array or a single array, found keys {keys}")
-    else:
-        array = np.load(path, allow_pickle=False)
-    if array.dtype != np.uint8:
-        raise ValueError(f"{path}: images must be uint8 (0..255), got {array.dtype}")
-    if array.ndim == 3:  # [N, H, W] grayscale
-        array = array[:, None]
-    elif array.ndim == 4:
-        nchw, nhwc = array.shape[1] in (1, 3), array.shape[3] in (1, 3)
-        if nchw == nhwc:
-            raise ValueError(
-                f"{path}: cannot tell NCHW from NHWC for shape {array.shape}; "
-                "channels (1 or 3) must be either axis 1 or axis 3"
-            )
-        if nhwc:
-            array = array.transpose(0, 3, 1, 2)
-    else:
-        raise ValueError(f"{path}: expected images [N, H, W], [N, C, H, W] or [N, H, W, C], got {array.shape}")
-    return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def load_image_source(source: str | Path) -> torch.Tensor:
-    """uint8 [N, C, H, W] images from a folder of PNGs or an .npz / .npy array.
-
-    npz: the array under key "images", or the file's only array (np.savez's
-    "arr_0"). Arrays are uint8, [N, C, H, W] or [N, H, W, C] with C in {1, 3},
-    or [N, H, W] grayscale.
-    """
-    path = Path(source)
-    if path.is_dir():
-        return _png_folder(path)
-    if path.is_file() and path.suffix in (".npz", ".npy"):
-        return _array_file(path)
-    raise ValueError(f"{path}: expected a folder of .png files or an .npz / .npy file")
-
-
-def fid_between(
-    a: str | Path,
-    b: str | Path,
-    *,
-    extractor: Literal["fmnist", "inception", "clean"] = "inception",
-    weights: str | Path | None = None,
-    device: str = "cpu",
-    batch_size: int = 256,
-) -> dict[str, Any]:
-    """Frechet distance between two image sets (`dfbench fid A B`).
-
-    A and B are folders of PNGs or .npz/.npy uint8 arrays (see
-    `load_image_source`). The metric is named after the extractor: "fid"
-    (inception), "fid_clean" (clean) or "fd_fmnist" (fmnist).
-    """
-    if extractor not in _FD_METRIC_OF_EXTRACTOR:
-        raise ValueError(f"unknown extractor {extractor!r}; choose one of {list(_FD_METRIC_OF_EXTRACTOR)}")
-    images_a, images_b = load_image_source(a), load_image_source(b)
-    for path, images in ((a, images_a), (b, images_b)):
-        if images.shape[0] < 2:
-            raise ValueError(f"{path}: need at least 2 images, got {images.shape[0]}")
-    net = get_extractor(extractor, weights=weights, device=device)
-    feats_a = net.features(images_a, batch_size=batch_size)
-    feats_b = net.features(images_b, batch_size=batch_size)
-    value = frechet_distance(
-        feats_a.mean(axis=0), np.cov(feats_a, rowvar=False), feats_b.mean(axis=0), np.cov(feats_b, rowvar=False)
-    )
-    return {
-        "metric": _FD_METRIC_OF_EXTRACTOR[extractor],
-        "value": value,
-        "extractor": net.name,
-        "extractor_sha256": net.sha256,
-        "backend": net.backend,
-        "resize": net.resize,
-        "a": str(a),
-        "b": str(b),
-        "num_samples_a": int(images_a.shape[0]),
-        "num_samples_b": int(images_b.shape[0]),
-    }
+                replicates = default_replicates(extractor.dims) if bootstrap is None else bootstrap
+                if replicates:
+                    fd_ref = FrechetReference(ref["mu"], ref["sigma"], device=device)  # sqrt(Sigma_ref) once
+                    _, ci, _ = fd_ref.bootstrap(feats, replicates=replicates, seed=derive_seed(seed, "bootstrap", metric))
+                    interval = ci.as_row()
+            rows[metric] = {"metric": metric, "value": float(value), "std_err": std_err, **(interval or {}), **common}
+        if not quality:
+            continue
+        size = min(count, ref["kid_features"].shape[0])
+        if size <= 3:
+            notes.append(f"precision/recall/density/coverage ({name}): need more than 3 samples, got {size}")
+        else:
+            # equal set sizes, as in Kynkaanniemi et al. and Naeem et al.: k-NN radii depend on set size
+            scores = prdc(ref["kid_features"][:size], feats[:size])
+            extra += [{"metric": f"{key}_{name}", "value": value, "better": "higher", "prdc_k": 3,
+                       "prdc_reference_rows": size, **common, "num_samples": size} for key, value in scores.items()]
+        if client_indices is None:
+            continue
+        if reference_split != "train":
+            notes.append(f"per-client quality: needs eval.reference_split=train (the clients' split), got {reference_split!r}")
+            continue
+        client_rows, why = client_quality_rows(
+            _FD_METRIC_OF_EXTRACTOR[name], feats, ref["kid_features"], ref["subset_indices"], client_indices,
+            expert_of_client,
+        )
+        extra += [{**row, **common} for row in client_rows]
+        notes += [why] if why else []
+    if quality and label_counts is not None:
+        coverage_rows, why = mode_coverage_rows(
+            images, dataset, label_counts, device=device, seed=derive_seed(seed, "bootstrap", "class_tv"),
+            replicates=200,
+        )
+        extra += [{**row, "reference": reference} for row in coverage_rows]
+        notes += [why] if why else []
+    return [rows[m] for m in chosen] + extra, list(dict.fromkeys(notes))

@@ -16,7 +16,8 @@ from dfbench.benchmark import evaluation as ev
 from dfbench.benchmark import features as fe
 from dfbench.benchmark.fid import frechet_distance, kid
 
-ROW_KEYS = {"metric", "value", "std_err", "extractor", "extractor_sha256", "backend", "resize", "num_samples", "reference"}
+ROW_KEYS = {"metric", "value", "std_err", "extractor", "extractor_sha256", "backend", "resize", "num_samples", "reference",
+            "ci_low", "ci_high", "ci_level", "ci_method", "ci_replicates"}
 
 
 def _fmnist_available() -> bool:
