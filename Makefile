@@ -9,7 +9,7 @@ RUNS ?= results/runs
 DEVICE ?= cpu
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-comm bench-experts perf clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at 
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
+
+gpu-check: ## on a CUDA machine: smoke runs, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min, sets up .venv)
+	scripts/gpu_check.sh
 
 clean-demo: ## delete the demo's run folders (keeps nothing of results/demo)
 	rm -rf results/demo
