@@ -148,7 +148,8 @@ class SubModel(nn.Module):
         super().__init__()
         self.full = full
         self._arch = (narrow,)
-        self.specs = specs
+        device = next(full.parameters()).device  # index tensors live where the parameters do (no copy per step)
+        self.specs = {n: SliceSpec([ix.to(device) if ix is not None else None for ix in s.index], s.scale) for n, s in specs.items()}
 
     def sliced(self) -> dict[str, torch.Tensor]:
         """name -> the narrow parameter (kept entries of the full one, divided by its scale)."""
@@ -157,7 +158,7 @@ class SubModel(nn.Module):
             spec = self.specs[name]
             for d, ix in enumerate(spec.index):
                 if ix is not None:
-                    p = p.index_select(d, ix.to(p.device))
+                    p = p.index_select(d, ix)
             out[name] = p / spec.scale if spec.scale != 1.0 else p
         return out
 
