@@ -10,8 +10,10 @@ One run on W ranks (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
                all_gather collects the per-client rows; every rank then applies the same
                server step to the same sums, so all ranks hold the same state
     the end    no collective after the last round: rank 0 finalizes, evaluates and writes,
-               the other ranks return at once (with NCCL, their destroy_process_group may
-               wait for rank 0's on the same node; it never needs a collective timeout)
+               the other ranks return at once; `shutdown` then meets every rank at a final
+               barrier before destroy_process_group, so no rank tears its group down while
+               another still uses it (that race killed rank 0 with SIGABRT, "terminate called
+               without an active exception", after all its work had returned)
 
 Every random stream depends on (seed, round, client) only (benchmark.seeds), so W ranks
 compute the single-process run; only the order in which the sums are added differs
@@ -22,7 +24,10 @@ path is the same code. Backends: NCCL when the run's device is CUDA (each rank o
 cuda:LOCAL_RANK), gloo on CPU.
 
 Failure: every collective is bounded by the process group's timeout (DFBENCH_DIST_TIMEOUT
-seconds, default 600). A rank that dies or hangs makes the others raise `DistributedError`
+seconds, default 600), except the final barrier: the other ranks wait there while rank 0
+evaluates, which may take longer, so it runs on a gloo side group with its own timeout
+(DFBENCH_DIST_EXIT_TIMEOUT seconds, default 86400); a rank 0 that dies still ends it at
+once (its sockets close), and torchrun stops the other ranks when one fails. A rank that dies or hangs makes the others raise `DistributedError`
 naming the collective, instead of hanging the job. For NCCL, TORCH_NCCL_BLOCKING_WAIT=1
 is set (unless the user set it) so that a timeout raises in the calling thread (with the
 default asynchronous handling the watchdog would kill the process with no clear message);
@@ -44,9 +49,13 @@ T = TypeVar("T")
 
 TIMEOUT_ENV = "DFBENCH_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600.0
+EXIT_TIMEOUT_ENV = "DFBENCH_DIST_EXIT_TIMEOUT"
+DEFAULT_EXIT_TIMEOUT_S = 86400.0
 
 # The timeout the process group was created with, for error messages (None: no group).
 _timeout_s: float | None = None
+# The gloo group of the final barrier (its own, longer timeout; None: no group).
+_exit_group: Any = None
 
 
 class DistributedError(RuntimeError):
@@ -65,9 +74,9 @@ def my_share(clients: Sequence[T], rank: int, world: int) -> list[T]:
     return list(clients[rank::world])
 
 
-def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
+def timeout_from_env(default: float = DEFAULT_TIMEOUT_S, name: str = TIMEOUT_ENV) -> float:
     """Seconds every collective may wait, from $DFBENCH_DIST_TIMEOUT (a clear error if malformed)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
@@ -75,7 +84,7 @@ def timeout_from_env(default: float = DEFAULT_TIMEOUT_S) -> float:
     except ValueError:
         value = float("nan")
     if not (value > 0 and value != float("inf")):
-        raise ValueError(f"invalid value for ${TIMEOUT_ENV}: {raw!r}; allowed: a number of seconds > 0")
+        raise ValueError(f"invalid value for ${name}: {raw!r}; allowed: a number of seconds > 0")
     return value
 
 
@@ -106,10 +115,11 @@ def init_from_env(device: str = "cpu", timeout_s: float | None = None) -> None:
     `timeout_s` (default: $DFBENCH_DIST_TIMEOUT, else 600 s) bounds start-up and every
     collective, so a killed or hung rank fails the run instead of hanging it.
     """
-    global _timeout_s
+    global _timeout_s, _exit_group
     if env_world_size() <= 1 or not dist.is_available() or dist.is_initialized():
         return
     timeout = timeout_from_env() if timeout_s is None else float(timeout_s)
+    exit_timeout = timeout_from_env(DEFAULT_EXIT_TIMEOUT_S, EXIT_TIMEOUT_ENV)
     dev = local_device(device)
     kwargs: dict[str, Any] = {}
     if dev.startswith("cuda"):
@@ -123,14 +133,24 @@ def init_from_env(device: str = "cpu", timeout_s: float | None = None) -> None:
         backend = "gloo"
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout), **kwargs)
     _timeout_s = timeout
+    # every rank creates it now (new_group is collective); used once, by `shutdown`
+    _exit_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(timeout, exit_timeout)))
 
 
 def shutdown() -> None:
-    """Leave the process group (after a clean run; after a failure the process just exits)."""
-    global _timeout_s
+    """Leave the process group together (after a clean run; after a failure the process just exits).
+
+    The final barrier makes every rank wait until all are done (rank 0 evaluates after the
+    last round) before any destroys its group: a rank that tears its connections down while
+    another still holds the group can make that one abort.
+    """
+    global _timeout_s, _exit_group
     if dist.is_available() and dist.is_initialized():
+        if rank_world()[1] > 1:
+            with guard("the final barrier (every rank leaves the process group together)"):
+                dist.barrier(group=_exit_group)
         dist.destroy_process_group()
-    _timeout_s = None
+    _timeout_s = _exit_group = None
 
 
 @contextlib.contextmanager

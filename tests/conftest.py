@@ -27,6 +27,14 @@ def tiny_data() -> ImageSet:
     return make_imageset()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread() -> None:
+    """One intra-op thread before any fixture runs: module- and session-scoped fixtures are set up
+    before function-scoped autouse ones, and float results (compared bitwise) depend on the thread
+    count, so without this a module fixture that trains would depend on which tests ran first."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reference statistics and downloads go to a temporary cache, never the user's."""

@@ -205,6 +205,16 @@ def test_device_per_rank_and_timeout_from_env(monkeypatch):
             distributed.timeout_from_env()
 
 
+def test_exit_barrier_timeout_from_env(monkeypatch):
+    monkeypatch.delenv(distributed.EXIT_TIMEOUT_ENV, raising=False)
+    assert distributed.timeout_from_env(distributed.DEFAULT_EXIT_TIMEOUT_S, distributed.EXIT_TIMEOUT_ENV) == 86400.0
+    monkeypatch.setenv(distributed.EXIT_TIMEOUT_ENV, "7200")
+    assert distributed.timeout_from_env(distributed.DEFAULT_EXIT_TIMEOUT_S, distributed.EXIT_TIMEOUT_ENV) == 7200.0
+    monkeypatch.setenv(distributed.EXIT_TIMEOUT_ENV, "never")
+    with pytest.raises(ValueError, match=distributed.EXIT_TIMEOUT_ENV):
+        distributed.timeout_from_env(distributed.DEFAULT_EXIT_TIMEOUT_S, distributed.EXIT_TIMEOUT_ENV)
+
+
 # -- two gloo ranks, one launch -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
