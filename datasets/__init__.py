@@ -1,11 +1,11 @@
 """dfbench datasets: verified dataset sources and client partitioners.
 
->>> from datasets import load, partition
+>>> from dfbench.datasets import load, partition
 >>> train = load("fmnist", "train")                       # doctest: +SKIP
 >>> part = partition(train.labels.numpy(), "dirichlet:0.5", num_clients=10, seed=0)  # doctest: +SKIP
 
-See :mod:`datasets.sources` (where data is looked for, how it is verified) and
-:mod:`datasets.partitioners` (the spec strings).
+See :mod:`dfbench.datasets.sources` (where data is looked for, how it is verified) and
+:mod:`dfbench.datasets.partitioners` (the spec strings).
 """
 from .errors import DatasetError
 from .partitioners import Partition, PartitionSpec, mean_tv_distance, parse_partition, partition
