@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,11 +61,16 @@ class _Unreadable(Exception):
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:
-    """Every directory under ``root`` (recursively) that holds a ``config.json``."""
+    """Every directory under ``root`` (recursively) that holds a ``config.json``.
+
+    os.walk, not rglob: grid workers may create and remove folders while the report reads
+    (an emptied run folder is removed when its lock is released); os.walk skips a folder that
+    vanished mid-walk, where rglob raises FileNotFoundError.
+    """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"runs directory {root} does not exist")
-    return sorted(p.parent for p in root.rglob("config.json") if p.is_file())
+    return sorted(Path(d) for d, _, files in os.walk(root) if "config.json" in files)
 
 
 def _read_json(path: Path) -> Any:
@@ -169,7 +175,7 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
         if state == "running":
             total = config.get("rounds", "?")
             done = max((int(r.get("round", 0)) for r in rounds if isinstance(r.get("round"), int)), default=0)
-            return failure("running", f"unfinished: reached round {done} of {total}")
+            return failure(*_running_or_unfinished(path, f"reached round {done} of {total}"))
         if state != "done":
             return failure("unfinished", f"unknown state {status.get('state')!r} in status.json")
         metrics_path = path / "metrics.json"
@@ -182,6 +188,17 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
     except _Unreadable as exc:
         return failure("unreadable", f"failed to read: {exc}")
     return RunRecord(path=path, config=config, metrics=metrics, rounds=rounds, warnings=warnings)
+
+
+def _running_or_unfinished(path: Path, progress: str) -> tuple[str, str]:
+    """A "running" status is only true while a live process holds the run's lock (benchmark/lock.py)."""
+    from .lock import read_lock
+
+    owner = read_lock(path)
+    stale = owner.stale_reason() if owner is not None else "no lock"
+    if owner is not None and stale is None:
+        return "running", f"running on {owner.host} (pid {owner.pid}) since {owner.since}: {progress}"
+    return "unfinished", f"unfinished, not running ({stale}: killed or preempted): {progress}; a rerun resumes it"
 
 
 def load_runs(root: str | Path) -> tuple[list[RunRecord], list[RunFailure]]:

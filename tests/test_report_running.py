@@ -1,0 +1,92 @@
+"""The reporter over a results folder that workers are still writing: running cells are listed,
+half-finished folders never crash it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+from dfbench.benchmark import loop, results
+from dfbench.benchmark.lock import RunLock
+from dfbench.benchmark.report import build_report
+from dfbench.benchmark.report_runs import load_runs
+from helpers import tiny_config
+
+
+def test_running_unfinished_and_half_written_folders_are_listed_not_fatal(tmp_path, tiny_data, monkeypatch):
+    runs = tmp_path / "runs"
+    # prepare: a done run; a run that died after round 1 (status "running", no lock); the same
+    # config under a live owner (this process holds its lock); a folder a worker has only locked
+    done = loop.run(tiny_config(over={"train.rounds": 1}), runs, data=tiny_data, progress=False)
+    real = loop.train_round
+
+    def train_round(method, state, ctx, r):
+        if r == 2:
+            raise KeyboardInterrupt  # killed: the status stays "running" (as after SIGKILL)
+        return real(method, state, ctx, r)
+
+    monkeypatch.setattr(loop, "train_round", train_round)
+    killed, live = (results.run_dir(runs, tiny_config(over={"seed": s})) for s in (1, 2))
+    for seed in (1, 2):
+        try:
+            loop.run(tiny_config(over={"seed": seed}), runs, data=tiny_data, progress=False)
+        except KeyboardInterrupt:
+            pass
+    with open(live / "rounds.jsonl", "a") as f:
+        f.write('{"round": 2, "loss')  # a torn last line, as while a row is being appended
+    lock = RunLock(live)
+    lock.acquire()
+    just_locked = RunLock(runs / "fmnist" / "iid" / "fedavg" / "s3-0000000000")
+    just_locked.acquire()
+    try:
+        # execute
+        records, failures = load_runs(runs)
+        written = build_report(runs, tmp_path / "report")
+    finally:
+        lock.release()
+        just_locked.release()
+    # assert: the done run is a record; the live one is running with its owner; the dead one unfinished
+    assert [r.path for r in records] == [done]
+    by_path = {f.path: f for f in failures}
+    assert set(by_path) == {killed, live}
+    assert by_path[live].state == "running"
+    assert f"running on {socket.gethostname()} (pid {os.getpid()}) since " in by_path[live].reason
+    assert "reached round 1 of 2" in by_path[live].reason
+    assert by_path[killed].state == "unfinished" and "not running (no lock" in by_path[killed].reason
+    assert "a rerun resumes it" in by_path[killed].reason
+    md = Path(written["leaderboard_md"]).read_text()
+    assert "| running |" in md and "| unfinished |" in md
+
+
+def test_report_while_grid_workers_write_never_crashes_and_sees_running_cells(tmp_path):
+    # prepare: two real grid workers on a 4-cell grid, each round slowed down so the report
+    # reads folders in every stage (locked only, config only, running, torn rows, done)
+    from test_grid import write_grid
+    from test_workers import SMALL, _start, _wait
+
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL, "train.rounds": 3}, {"seed": [0, 1, 2, 3]})
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    argv = ["grid", str(path), "--out", str(runs), "--no-progress"]
+    procs = _start([{"argv": argv, "trace": str(tmp_path / "trace.txt"), "round_sleep": 0.3}] * 2, tmp_path, delay_s=2)
+    # execute: read the folder over and over while they write
+    seen: set[str] = set()
+    reads, built = 0, False
+    while any(p.poll() is None for p in procs):
+        records, failures = load_runs(runs)
+        seen |= {f.state for f in failures} | ({"done"} if records else set())
+        reads += 1
+        if "running" in seen and not built:  # the whole report once, mid-write (plots are slow)
+            md = Path(build_report(runs, tmp_path / "mid")["leaderboard_md"]).read_text()
+            built = "| running |" in md
+        time.sleep(0.05)
+    assert _wait(procs, tmp_path) == [0, 0]
+    # assert: running cells were listed while they ran; at the end all four are done
+    assert "running" in seen and built and reads > 10, (seen, reads)
+    records, failures = load_runs(runs)
+    assert len(records) == 4 and failures == []
+    assert Path(build_report(runs, tmp_path / "final")["leaderboard_md"]).is_file()
