@@ -64,7 +64,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}, indent=2))
         return 0
     from . import distributed
-    from .lock import LockHeld
+    from .lock import LockHeld, LockLost
     from .loop import OutOfMemory, run
     from .results import read_status
 
@@ -80,10 +80,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
     try:
         d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait)
-    except (distributed.DistributedError, LockHeld, OutOfMemory) as err:
+    except (distributed.DistributedError, LockHeld, LockLost, OutOfMemory) as err:
         # a rank died or hung (rank 0's status.json says "failed" with this message; no shutdown:
         # the group is broken, and leaving it could wait on the dead rank), another process owns
-        # the run folder (nothing was written), or the GPU ran out of memory (status "failed")
+        # the run folder (nothing was written) or took it over from this one (presumed dead), or the
+        # GPU ran out of memory (status "failed")
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
     if distributed.rank_world()[0] == 0:
@@ -174,7 +175,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from .evaluate_run import evaluate_dir
 
     for row in evaluate_dir(a.run_dir):
-        print(f"{row['metric']}: {row['value']:.4f} ({row['extractor']}, {row['num_samples']} samples)")
+        ci = f" [{row['ci_low']:.4f}, {row['ci_high']:.4f}]" if row.get("ci_low") is not None else ""
+        print(f"{row['metric']}: {row['value']:.4f}{ci} ({row.get('extractor', '-')}, {row.get('num_samples', '-')} samples)")
     return 0
 
 

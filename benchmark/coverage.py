@@ -116,7 +116,7 @@ def mode_coverage_rows(
     if classifier is None:
         return [], f"mode coverage: no classifier for dataset {dataset!r} (benchmark/coverage.py CLASSIFIERS)"
     result = mode_coverage(classifier.predict(images), reference_counts, replicates=replicates, seed=seed)
-    common = {"classifier": classifier.name, "classifier_sha256": classifier.sha256,
+    common = {"extractor": classifier.name, "classifier": classifier.name, "classifier_sha256": classifier.sha256,
               "histogram": result["histogram"], "reference_distribution": result["reference_distribution"],
               "num_samples": int(images.shape[0]), "better": "lower"}
     tv_row = {"metric": "class_tv", "value": result["tv"], **result["tv_interval"].as_row(), **common}

@@ -7,6 +7,7 @@ later — e.g. once the Inception weights have been placed — without re-sampli
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from dfbench import methods
 from . import results
 from .config import RunConfig
 from .diffusion import fixed_noise
+from .drift import attach_drift
 
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
@@ -46,20 +48,58 @@ def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Ten
     return to_uint8(method.sample(params, noise, ctx).cpu())
 
 
-def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False) -> tuple[list[dict[str, Any]], str | None]:
-    """Evaluation rows for the samples, or (rows so far, the reason they are incomplete)."""
-    from .evaluation import MissingWeightsError, evaluate_images
+def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False,
+          clients: Callable[[], tuple[Any, ...]] | None = None) -> tuple[list[dict[str, Any]], str | None, list[str]]:
+    """(evaluation rows, the reason they are incomplete or None, notes on metrics left out).
+
+    `clients()` gives (client index arrays, expert of each client, size of the clients' split,
+    why there are none) for per-client quality. Bootstrap intervals are seeded by the run's seed.
+    """
+    from .evaluation import MissingWeightsError, evaluate_samples
 
     if cfg.eval.metrics == "none":  # training-only runs (tests, timing): samples and grid, no score
-        return [], None
+        return [], None, []
+    client_indices, expert_of_client, split_size, why_no_clients = clients() if clients else (None, None, None, None)
     try:
-        rows = evaluate_images(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
-                               data_root=cfg.data.root, device=cfg.device, progress=progress)
+        rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
+                                       data_root=cfg.data.root, device=cfg.device, progress=progress, seed=cfg.seed,
+                                       client_indices=client_indices, expert_of_client=expert_of_client,
+                                       client_split_size=split_size)
     except MissingWeightsError as err:
-        return [], str(err)
+        return [], str(err), []
     for row in rows:
         row.update(sampler=sampler, sampler_steps=cfg.eval.sampler_steps)
-    return rows, None
+    return rows, None, notes + ([why_no_clients] if why_no_clients else [])
+
+
+def _clients(cfg: RunConfig, ctx: Any = None, method: Any = None,
+             run: Path | None = None) -> tuple[list[np.ndarray] | None, np.ndarray | None, int | None, str | None]:
+    """(client index arrays, expert of each client or None, size of their split, why not) for per-client quality.
+
+    From the run's context when it is at hand; otherwise (`dfbench eval`) the partition is
+    rebuilt -- a pure function of (labels, spec, seed) -- and checked against partition.json.
+    """
+    if ctx is not None:
+        part, size = ctx.partition, len(ctx.labels)
+    else:
+        from dfbench import datasets
+
+        from .seeds import derive_seed
+
+        data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
+        part = datasets.partition(data.labels.numpy(), cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
+                                  min_size=cfg.data.min_client_size, images=data.images)
+        size = len(data.labels)
+        saved = results.read_json(run / "partition.json") if run is not None and (run / "partition.json").exists() else {}
+        if saved.get("indices_sha256") not in (None, part.digest()):
+            return None, None, None, "per-client quality: the rebuilt partition differs from partition.json; rerun the evaluation in the run"
+        method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    owner = getattr(method, "expert_of_client", None)
+    if owner is None and cfg.method == "experts":  # set by init_state; rebuilt the same way here
+        from dfbench.methods.experts import assign_experts
+
+        _, owner = assign_experts(method.config.num_experts, cfg.data.partition, part.cluster_of_client, cfg.data.clients)
+    return [np.asarray(ix) for ix in part.indices], owner, size, None
 
 
 def _metrics(cfg: RunConfig) -> Any:
@@ -76,7 +116,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     save_grid(samples, cfg.eval.grid, d / "grid.png")
     # a method with its own sampler (expert mixtures) names it in its extra metrics
     sampler = extra.get("mixture_sampler") or ctx.sampler_name(cfg.train.objective)
-    rows, pending = score(d, cfg, samples, sampler, progress)
+    rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
     rounds = results.read_rounds(d)
     metrics = {
         "evaluations": rows,
@@ -96,6 +136,9 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     }
     if pending:
         metrics["evaluation_pending"] = pending
+    if notes:  # metrics that could not be computed: absent from the rows, said here
+        metrics["evaluation_notes"] = notes
+    attach_drift(d, metrics, device=cfg.device)  # same-noise drift vs the dense reference, when it is done
     results.write_json(d / "metrics.json", metrics)
     results.write_status(d, "done", **({"evaluation_pending": pending} if pending else {}))
 
@@ -114,11 +157,15 @@ def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
 
     metrics = results.read_json(d / "metrics.json") if (d / "metrics.json").exists() else {}
     sampler = metrics.get("mixture_sampler") or (default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler)
-    rows, pending = score(d, cfg, samples, sampler)
+    rows, pending, notes = score(d, cfg, samples, sampler, clients=lambda: _clients(cfg, run=d))
     if pending:
         raise RuntimeError(pending)
     metrics["evaluations"] = rows
     metrics.pop("evaluation_pending", None)
+    metrics.pop("evaluation_notes", None)
+    if notes:
+        metrics["evaluation_notes"] = notes
+    attach_drift(d, metrics, device=cfg.device)
     results.write_json(d / "metrics.json", metrics)
     results.write_status(d, "done")
     return rows

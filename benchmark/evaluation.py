@@ -307,6 +307,7 @@ def evaluate_samples(
     quality: bool = True,
     client_indices: Sequence[np.ndarray] | None = None,
     expert_of_client: np.ndarray | None = None,
+    client_split_size: int | None = None,
     progress: bool = False,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """`evaluate_images` plus, with `quality`, the rows that say *why* a score is what it is.
@@ -316,7 +317,8 @@ def evaluate_samples(
     mode coverage (``class_tv``, ``low_classes``; `benchmark.coverage`) when the dataset has
     a classifier; per-client quality (``client_<fd>_mean`` / ``_worst``, and
     ``expert_<fd>_worst`` given `expert_of_client`; `benchmark.client_quality`) given the
-    clients' training-split indices. Returns (rows, notes): a metric that cannot be
+    clients' training-split indices (`client_split_size`: how many images that split has, checked
+    against the reference so indices never point into another image set). Returns (rows, notes): a metric that cannot be
     computed is left out and a note says why.
     """
     from .client_quality import client_quality_rows
@@ -388,6 +390,10 @@ def evaluate_samples(
             continue
         if reference_split != "train":
             notes.append(f"per-client quality: needs eval.reference_split=train (the clients' split), got {reference_split!r}")
+            continue
+        if client_split_size is not None and client_split_size != int(ref["num_samples"]):
+            notes.append(f"per-client quality: the clients' data ({client_split_size} images) is not the "
+                         f"{reference} split ({int(ref['num_samples'])} images)")
             continue
         client_rows, why = client_quality_rows(
             _FD_METRIC_OF_EXTRACTOR[name], feats, ref["kid_features"], ref["subset_indices"], client_indices,

@@ -41,9 +41,9 @@ def test_missing_inception_weights_leave_a_done_run_with_the_placement_message(t
     def fake_evaluate(images, dataset, **kw):
         seen["n"] = images.shape[0]
         return [{"metric": "fid", "value": 12.5, "std_err": None, "extractor": "inception", "extractor_sha256": "x",
-                 "backend": "pytorch-fid", "resize": "torch-bilinear-299", "num_samples": images.shape[0], "reference": "fmnist/train"}]
+                 "backend": "pytorch-fid", "resize": "torch-bilinear-299", "num_samples": images.shape[0], "reference": "fmnist/train"}], []
 
-    monkeypatch.setattr(ev, "evaluate_images", fake_evaluate)
+    monkeypatch.setattr(ev, "evaluate_samples", fake_evaluate)
     assert main(["eval", str(d)]) == 0
     assert "fid: 12.5000" in capsys.readouterr().out
     metrics = json.loads((d / "metrics.json").read_text())
