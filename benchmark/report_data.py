@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .drift import drift_for_report
 from .report_runs import (
     RunFailure,
     RunRecord,
@@ -89,6 +90,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         w2_mean = to_float(metrics.get("w2_mean"))
         if math.isnan(w2_mean) and rec.rounds:
             w2_mean = float(np.nanmean([to_float(r.get("w2")) for r in rec.rounds] or [math.nan]))
+        # same-noise drift from the dense reference (benchmark/drift.py): metrics.json's, else computed now
+        drift_rec = drift_for_report(rec.path, metrics) or {}
+        drift_feats = list((drift_rec.get("features") or {}).values())
         row: dict[str, Any] = {
             "run_id": rec.run_id,
             "path": str(rec.path),
@@ -108,6 +112,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "rounds_done": to_float(metrics.get("rounds")),
             "gamma_star": to_float(metrics.get("gamma_star")),
             "w2_mean": w2_mean,
+            "drift": to_float(drift_feats[0]) if drift_feats else math.nan,  # the run's first extractor's features
+            "drift_pixel": to_float(drift_rec.get("pixel")),
             "dropped_updates": to_float(metrics.get("dropped_updates")),
             "uploads": float(uploads) if rec.rounds else math.nan,
             "grid": str(rec.grid) if rec.grid else None,
@@ -212,7 +218,7 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
             # (KID reports one) is the only uncertainty we can show.
             stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
-        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "gamma_star", "w2_mean", "dropped_updates", "uploads", "rounds_done"):
+        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
             values = grp[col].dropna()
             row[f"{col}_mean"] = float(values.mean()) if len(values) else math.nan
             row[f"{col}_std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan

@@ -64,7 +64,8 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str]) -> tuple[list[str], 
     shown_cfg = [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in block.columns]
     shown_cfg += [c for c in varying if c not in shown_cfg]
     shared = {c[4:]: str(block[c].iloc[0]) for c in cfg_cols if c not in shown_cfg and c not in varying}
-    headers = ["rank", "method", "params", *present, "n", "uplink MB", "compression", "wall time",
+    drift = block["drift_mean"].notna().any() if "drift_mean" in block else False  # same-noise drift, when any run has it
+    headers = ["rank", "method", "params", *present, *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
                *[c[4:] for c in shown_cfg]]
     rows: list[list[str]] = []
     for _, row in block.iterrows():
@@ -74,6 +75,7 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str]) -> tuple[list[str], 
         method = f"untrained ({row['method']})" if row["baseline"] else str(row["method"])
         rows.append(
             [rank, method, str(row["params"]), *[fmt_metric(row, m, int(row["n"])) for m in present],
+             *([fmt_number(row["drift_mean"]) if not pd.isna(row["drift_mean"]) else ""] if drift else []),
              str(int(row["n"])), fmt_number(row["uplink_mb_mean"]), compression, _fmt_seconds(row["wall_seconds_mean"]),
              *[fmt_number(row[c]) if isinstance(row[c], (int, float)) and not isinstance(row[c], bool) else str(row[c])
                for c in shown_cfg]]

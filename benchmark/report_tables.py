@@ -51,6 +51,7 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n", "stderr")]
     cost_cols = ["uplink_mb_mean", "uplink_mb_std", "downlink_mb_mean", "compression_ratio", "compression_ref",
                  "wall_seconds_mean", "wall_seconds_std", "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
+                 "drift_mean", "drift_pixel_mean",
                  "dropped_updates_mean"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
     cfg_cols = sorted(c for c in table.columns if c.startswith("cfg."))

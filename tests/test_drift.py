@@ -1,0 +1,139 @@
+"""Same-noise drift (benchmark/drift.py): distances on hand-built arrays, reference lookup, the
+evaluation hook and the reporter's fallback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dfbench.benchmark import drift, loop
+from dfbench.benchmark.drift import compute_drift, feature_drift, find_reference, pixel_drift
+from helpers import tiny_config
+
+
+def test_pixel_drift_equals_hand_computation():
+    # prepare: 2 images of 1x2x2; sample 0 differs everywhere by 255, sample 1 in one pixel of 4
+    a = np.zeros((2, 1, 2, 2), dtype=np.uint8)
+    b = np.zeros((2, 1, 2, 2), dtype=np.uint8)
+    b[0] = 255
+    b[1, 0, 0, 0] = 255
+    # execute / assert: per-image RMS in [0, 1] units: 1 and sqrt(1/4) = 0.5, mean 0.75
+    assert pixel_drift(a, b) == pytest.approx(0.75, abs=1e-15)
+    assert pixel_drift(b, a) == pytest.approx(0.75, abs=1e-15)
+    assert pixel_drift(a, a) == 0.0
+
+
+def test_feature_drift_pairs_sample_i_with_sample_i_over_the_common_count():
+    fa = np.array([[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    fb = np.array([[0.0, 0.0], [0.0, 0.0]])  # the reference has 2 samples: the third is ignored
+    assert feature_drift(fa, fb) == pytest.approx((0.0 + 5.0) / 2, abs=1e-15)
+    # a permutation is not a drift of zero: pairs are by index, not by nearest neighbour
+    assert feature_drift(fa[[1, 0]], fa[[0, 1]]) == pytest.approx(5.0)
+
+
+def test_shape_mismatch_and_empty_are_clear_errors():
+    with pytest.raises(ValueError, match="one shape"):
+        pixel_drift(np.zeros((2, 1, 2, 2), np.uint8), np.zeros((2, 1, 3, 3), np.uint8))
+    with pytest.raises(ValueError, match="at least one sample"):
+        feature_drift(np.zeros((0, 3)), np.zeros((4, 3)))
+
+
+def _fake_run(root: Path, method: str, params: dict, seed: int = 0, over: dict | None = None, images: np.ndarray | None = None,
+              state: str = "done") -> Path:
+    cfg = tiny_config(method, params, {"seed": seed, **(over or {})})
+    d = root / "fmnist" / "iid" / method / cfg.run_id()
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}))
+    (d / "status.json").write_text(json.dumps({"state": state}))
+    if images is not None:
+        np.savez_compressed(d / "samples.npz", images=images)
+    return d
+
+
+def _images(value: int, n: int = 4) -> np.ndarray:
+    return np.full((n, 1, 28, 28), value, dtype=np.uint8)
+
+
+def test_reference_is_the_same_family_keep_one_run_else_fedavg_same_seed_and_budget(tmp_path):
+    # prepare
+    fed0 = _fake_run(tmp_path, "fedavg", {}, 0, images=_images(0))
+    _fake_run(tmp_path, "fedavg", {}, 1, images=_images(0))
+    _fake_run(tmp_path, "fedavg", {}, 0, {"train.rounds": 5}, images=_images(0))  # other budget
+    dense0 = _fake_run(tmp_path, "random_prune", {"keep_ratio": 1.0}, 0, images=_images(0))
+    rnd0 = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(51))
+    top0 = _fake_run(tmp_path, "topk_prune", {"keep_ratio": 0.5}, 0, images=_images(51))
+    other_noise = _fake_run(tmp_path, "topk_prune", {"keep_ratio": 0.25}, 0, {"eval.noise_seed": 9}, images=_images(51))
+    more_samples = _fake_run(tmp_path, "topk_prune", {"keep_ratio": 0.25}, 0, {"eval.samples": 32}, images=_images(51, 8))
+    # execute / assert
+    assert find_reference(rnd0) == dense0  # same family at keep 1.0 wins
+    assert find_reference(top0) == fed0  # no topk keep 1.0: FedAvg of the same seed and budget
+    assert find_reference(fed0) == fed0  # FedAvg is its own reference
+    assert find_reference(other_noise) is None  # other noises: no sample-by-sample reference
+    assert find_reference(more_samples) == fed0  # the sample count may differ: the first min(N) pair up
+    rec = compute_drift(more_samples, fed0)
+    assert rec["num_samples"] == 4 and rec["pixel"] == pytest.approx(51 / 255)
+    assert rec["reference"] == str(fed0.relative_to(tmp_path))
+
+
+def test_unfinished_reference_is_not_used(tmp_path):
+    _fake_run(tmp_path, "fedavg", {}, 0, images=_images(0), state="running")
+    rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(1))
+    assert find_reference(rnd) is None
+    assert drift.drift_for_report(rnd, {}) is None
+
+
+def test_feature_drift_in_the_classifier_space_matches_a_direct_computation(tmp_path):
+    from dfbench.benchmark.features import get_extractor
+
+    gen = np.random.default_rng(0)
+    a, b = gen.integers(0, 256, (6, 1, 28, 28), dtype=np.uint8), gen.integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
+    fed = _fake_run(tmp_path, "fedavg", {}, 0, images=b)
+    rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=a)
+    rec = compute_drift(rnd, fed, ["fmnist"])
+    ext = get_extractor("fmnist")
+    fa, fb = ext.features(torch.from_numpy(a)), ext.features(torch.from_numpy(b))
+    expected = float(np.mean([np.sqrt(((fa[i] - fb[i]) ** 2).sum()) for i in range(6)]))
+    assert rec["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
+    assert rec["features"]["fmnist"] > 0
+    # the reporter reuses metrics.json's record and computes one (pixels + classifier) only when absent
+    assert drift.drift_for_report(rnd, {"drift": {"pixel": 0.5}}) == {"pixel": 0.5}
+    computed = drift.drift_for_report(rnd, {"evaluations": [{"metric": "fd_fmnist", "extractor": "fmnist"}]})
+    assert computed is not None and computed["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_evaluation_writes_drift_into_metrics_json(tmp_path, tiny_data):
+    # prepare / execute: the reference first (as a grid orders FedAvg first), then a pruned run
+    fed = loop.run(tiny_config("fedavg"), tmp_path, data=tiny_data, progress=False)
+    rnd = loop.run(tiny_config("random_prune", {"keep_ratio": 0.5}), tmp_path, data=tiny_data, progress=False)
+    # assert
+    m_fed = json.loads((fed / "metrics.json").read_text())
+    m_rnd = json.loads((rnd / "metrics.json").read_text())
+    assert m_fed["drift"]["pixel"] == 0.0 and m_fed["drift"]["reference"] == str(fed.relative_to(tmp_path))
+    a, b = drift.load_samples(rnd), drift.load_samples(fed)
+    assert m_rnd["drift"]["reference"] == str(fed.relative_to(tmp_path))
+    assert m_rnd["drift"]["pixel"] == pytest.approx(pixel_drift(a, b), rel=1e-12) and m_rnd["drift"]["pixel"] > 0
+    assert m_rnd["drift"]["features"] == {}  # eval.metrics = none in tests: no extractor was used
+
+
+def test_leaderboard_has_a_drift_column_computed_from_samples(tmp_path):
+    from dfbench.benchmark.report import build_report
+    from dfbench.benchmark.report_data import collect
+
+    # prepare: two scored runs without a drift record in metrics.json (e.g. the reference finished later)
+    for method, params, value in (("fedavg", {}, 0), ("random_prune", {"keep_ratio": 0.5}, 51)):
+        d = _fake_run(tmp_path, method, params, 0, images=_images(value))
+        (d / "rounds.jsonl").write_text(json.dumps({"round": 1, "clients": [0], "loss": 0.1, "w2": 0.0, "gamma": 1}) + "\n")
+        (d / "metrics.json").write_text(json.dumps({"evaluations": [{"metric": "fd_fmnist", "value": 100.0 + value, "extractor": "fmnist"}], "rounds": 2}))
+    # execute
+    table = collect(tmp_path).table.set_index("method")
+    build_report(tmp_path, tmp_path / "report")
+    # assert: pixel drift 51/255 for the pruned run, 0 for FedAvg itself; a drift column in the markdown
+    assert table.loc["random_prune", "drift_pixel_mean"] == pytest.approx(51 / 255)
+    assert table.loc["fedavg", "drift_pixel_mean"] == 0.0
+    assert table.loc["random_prune", "drift_mean"] > 0 and table.loc["fedavg", "drift_mean"] == 0.0  # classifier features
+    assert "| fd_fmnist | drift | n |" in (tmp_path / "report" / "leaderboard.md").read_text()
+    assert "drift_pixel_mean" in (tmp_path / "report" / "leaderboard.csv").read_text().splitlines()[0]
