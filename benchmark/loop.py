@@ -289,6 +289,8 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     if not writer:
         return d
     extra_metrics = method.finalize(state, ctx)
+    if not owner():
+        raise LockLost(f"the lock of {d} was taken over by another process; stopping without evaluating")
     # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
     # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
     results.save_checkpoint(d, cfg.train.rounds, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})

@@ -241,3 +241,26 @@ def test_gpu_out_of_memory_fails_the_run_naming_the_settings_and_leaves_nothing_
     assert [r["round"] for r in results.read_rounds(d)] == [1]
     assert results.load_checkpoint(d)["round"] == 1
     assert not _leftovers(d)
+
+
+def test_a_run_whose_lock_was_taken_over_stops_writing(tmp_path, tiny_data, monkeypatch):
+    # prepare: in round 2 another process presumes this one dead and takes its lock over
+    monkeypatch.setenv(L.STALE_ENV, "2")  # heartbeat every 0.2 s
+    cfg = tiny_config(over={"train.rounds": 3, "checkpoint_every": 1})
+    d = results.run_dir(tmp_path, cfg)
+    real = loop.train_round
+
+    def train_round(method, st, ctx, r):
+        if r == 2:
+            (d / L.LOCK_NAME).unlink()
+            _write_lock(d, host="node-9", pid=4242, token="thief")
+            time.sleep(0.6)  # the owner's heartbeat sees the new token
+        return real(method, st, ctx, r)
+
+    monkeypatch.setattr(loop, "train_round", train_round)
+    # execute / assert: it stops before writing round 2, leaves the status and the thief's lock alone
+    with pytest.raises(L.LockLost, match="taken over by another process"):
+        loop.run(cfg, tmp_path, data=tiny_data, progress=False)
+    assert [r["round"] for r in results.read_rounds(d)] == [1]
+    assert results.read_status(d)["state"] == "running"
+    assert L.read_lock(d).token == "thief"
