@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .drift import drift_for_report
+from .uncertainty import t_interval, tie_ranks
 from .report_runs import (
     RunFailure,
     RunRecord,
@@ -117,6 +118,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "dropped_updates": to_float(metrics.get("dropped_updates")),
             "uploads": float(uploads) if rec.rounds else math.nan,
             "grid": str(rec.grid) if rec.grid else None,
+            # metrics that could not be computed: absent from the evaluations, said here
+            "evaluation_notes": " ".join(str(n) for n in metrics.get("evaluation_notes") or []),
         }
         for key, value in params.items():
             row[f"param.{key}"] = cell_value(value)
@@ -131,6 +134,10 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
                     "metric": key,
                     "value": to_float(entry.get("value")),
                     "std_err": to_float(entry.get("std_err")),
+                    "ci_low": to_float(entry.get("ci_low")),
+                    "ci_high": to_float(entry.get("ci_high")),
+                    "ci_method": entry.get("ci_method"),
+                    "better": entry.get("better") or "lower",
                     **{
                         k: entry.get(k)
                         for k in ("extractor", "extractor_sha256", "backend", "num_samples", "sampler", "sampler_steps", "reference", "resize")
@@ -153,7 +160,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             )
     runs = pd.DataFrame(run_rows)
     evals = pd.DataFrame(
-        eval_rows, columns=["run_id", "group_key", "metric", "value", "std_err", "extractor", "extractor_sha256",
+        eval_rows, columns=["run_id", "group_key", "metric", "value", "std_err", "ci_low", "ci_high", "ci_method", "better",
+                            "extractor", "extractor_sha256",
                             "backend", "num_samples", "sampler", "sampler_steps", "reference", "resize"]
     )
     rounds = pd.DataFrame(round_rows, columns=["run_id", "dataset", "partition", "setting", "method", "round",
@@ -164,6 +172,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         if len(runs):
             runs[metric] = runs["run_id"].map(sub["value"]).astype(float)
             runs[f"{metric}__stderr"] = runs["run_id"].map(sub["std_err"]).astype(float)
+            runs[f"{metric}__lo"] = runs["run_id"].map(sub["ci_low"]).astype(float)
+            runs[f"{metric}__hi"] = runs["run_id"].map(sub["ci_high"]).astype(float)
+            runs[f"{metric}__ci"] = runs["run_id"].map(sub["ci_method"])
     return runs, evals, rounds
 
 
@@ -209,6 +220,8 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
         }
         for col in descriptive:
             row[col] = first[col]
+        if "evaluation_notes" in grp:
+            row["evaluation_notes"] = " ".join(sorted({str(n) for n in grp["evaluation_notes"] if n}))
         for metric in metrics:
             values = grp[metric].dropna() if metric in grp else pd.Series(dtype=float)
             row[f"{metric}_mean"] = float(values.mean()) if len(values) else math.nan
@@ -218,6 +231,7 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
             # (KID reports one) is the only uncertainty we can show.
             stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
+            _interval_columns(row, grp, metric, values)
         for col in ("uplink_mb", "downlink_mb", "wall_seconds", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
             values = grp[col].dropna()
             row[f"{col}_mean"] = float(values.mean()) if len(values) else math.nan
@@ -230,11 +244,34 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return _rank_and_compress(table, metrics)
 
 
+def _interval_columns(row: dict[str, Any], grp: pd.DataFrame, metric: str, values: pd.Series) -> None:
+    """{metric}_ci_low / _ci_high / _ci_method: a t-interval across >= 2 seeds, else the one run's own
+    interval (bootstrap for Frechet distances), else none (NaN: never a zero-width interval)."""
+    low = high = math.nan
+    method = None
+    if len(values) >= 2:
+        _, interval = t_interval(values.tolist())
+        low, high, method = interval.low, interval.high, interval.method  # type: ignore[union-attr]
+    elif len(values) == 1 and f"{metric}__lo" in grp:
+        idx = values.index[0]
+        low, high, method = float(grp.loc[idx, f"{metric}__lo"]), float(grp.loc[idx, f"{metric}__hi"]), grp.loc[idx, f"{metric}__ci"]
+        method = method if isinstance(method, str) and not math.isnan(low) else None
+    row[f"{metric}_ci_low"], row[f"{metric}_ci_high"], row[f"{metric}_ci_method"] = low, high, method
+
+
+def higher_is_better(evals: pd.DataFrame) -> set[str]:
+    """Metrics whose rows say "better": "higher" (precision, recall, density, coverage)."""
+    if evals.empty or "better" not in evals:
+        return set()
+    return set(evals.loc[evals["better"] == "higher", "metric"])
+
+
 def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     """Per dataset/partition block: primary metric, rank (1 = best) and uplink ratio vs fedavg."""
     table = table.copy()
     table["primary_metric"] = None
     table["rank"] = math.nan
+    table["rank_tie"] = False
     table["compression_ratio"] = math.nan
     table["compression_ref"] = None
     for _, block in table.groupby(["dataset", "partition"], sort=False):
@@ -243,8 +280,12 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFr
         table.loc[block.index, "primary_metric"] = primary
         if primary is not None:
             scored = block[~block["baseline"] & block[f"{primary}_mean"].notna()]
-            # Baselines are references, not contenders: they get no rank.
-            table.loc[scored.index, "rank"] = scored[f"{primary}_mean"].rank(method="min", ascending=True)
+            # Baselines are references, not contenders: they get no rank. Rank = 1 + the settings whose
+            # interval lies wholly below this one's; overlapping intervals share a rank (a tie).
+            ranked = tie_ranks(scored[f"{primary}_mean"].tolist(), scored[f"{primary}_ci_low"].tolist(),
+                               scored[f"{primary}_ci_high"].tolist())
+            table.loc[scored.index, "rank"] = [math.nan if r is None else r for r, _ in ranked]
+            table.loc[scored.index, "rank_tie"] = [tie for _, tie in ranked]
         fedavg = block[(block["method"] == "fedavg") & ~block["baseline"]]
         for idx, row in block.iterrows():
             if row["baseline"] or fedavg.empty or not row["uplink_mb_mean"] > 0:
@@ -261,7 +302,10 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFr
                 table.loc[idx, "compression_ref"] = "per upload"
     # Best first inside each block; baselines and unscored settings at the bottom.
     order = table.assign(_rank=table["rank"].fillna(np.inf))
-    order = order.sort_values(["dataset", "partition", "baseline", "_rank", "setting"], kind="stable")
+    order["_value"] = [row.get(f"{row['primary_metric']}_mean", math.nan) if row["primary_metric"] else math.nan
+                       for _, row in order.iterrows()]
+    order = order.sort_values(["dataset", "partition", "baseline", "_rank", "_value", "setting"], kind="stable")
+    order = order.drop(columns=["_value"])
     return order.drop(columns=["_rank"]).reset_index(drop=True)
 
 

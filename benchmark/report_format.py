@@ -40,6 +40,9 @@ def fmt_metric(row: pd.Series, metric: str, group_n: int) -> str:
         text += f" ± {fmt_number(std, 2)}"
     elif n == 1 and not pd.isna(se):
         text += f" ± {fmt_number(se, 2)} (s.e.)"
+    low, high = row.get(f"{metric}_ci_low", math.nan), row.get(f"{metric}_ci_high", math.nan)
+    if not (pd.isna(low) or pd.isna(high)):
+        text += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]"
     if n != group_n:
         text += f" (n={n})"
     return text
@@ -56,8 +59,14 @@ def _fmt_seconds(seconds: Any) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def block_view(block: pd.DataFrame, metrics: Sequence[str]) -> tuple[list[str], list[list[str]], dict[str, str]]:
-    """Headers, display rows and shared settings of one dataset/partition block."""
+def block_view(block: pd.DataFrame, metrics: Sequence[str],
+               higher: Iterable[str] = ()) -> tuple[list[str], list[list[str]], dict[str, str]]:
+    """Headers, display rows and shared settings of one dataset/partition block.
+
+    Metrics in `higher` (better when higher) get " ↑" in their header; a rank shared with
+    another setting (overlapping intervals) is written "1=".
+    """
+    higher = set(higher)
     present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
     cfg_cols = [c for c in block.columns if c.startswith("cfg.")]
     varying = [c for c in cfg_cols if block[c].astype(str).nunique(dropna=False) > 1]
@@ -65,13 +74,13 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str]) -> tuple[list[str], 
     shown_cfg += [c for c in varying if c not in shown_cfg]
     shared = {c[4:]: str(block[c].iloc[0]) for c in cfg_cols if c not in shown_cfg and c not in varying}
     drift = block["drift_mean"].notna().any() if "drift_mean" in block else False  # same-noise drift, when any run has it
-    headers = ["rank", "method", "params", *present, *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
+    headers = ["rank", "method", "params", *[f"{m} ↑" if m in higher else m for m in present], *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
                *[c[4:] for c in shown_cfg]]
     rows: list[list[str]] = []
     for _, row in block.iterrows():
         ratio = row["compression_ratio"]
         compression = "" if pd.isna(ratio) else f"x{ratio:.1f}" + ("*" if row["compression_ref"] == "per upload" else "")
-        rank = "" if pd.isna(row["rank"]) else str(int(row["rank"]))
+        rank = "" if pd.isna(row["rank"]) else str(int(row["rank"])) + ("=" if row.get("rank_tie") else "")
         method = f"untrained ({row['method']})" if row["baseline"] else str(row["method"])
         rows.append(
             [rank, method, str(row["params"]), *[fmt_metric(row, m, int(row["n"])) for m in present],
@@ -81,6 +90,25 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str]) -> tuple[list[str], 
                for c in shown_cfg]]
         )
     return headers, rows, shared
+
+
+def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
+    """What the intervals in a block are and how ties are ranked (the leaderboard's own words)."""
+    kinds = sorted({str(k) for m in block.columns if m.endswith("_ci_method") for k in block[m].dropna()})
+    if not kinds:
+        return "No intervals recorded: ranks follow the values alone."
+    text = "Intervals [low, high]: " + "; ".join(kinds) + "."
+    if primary:
+        text += (f" Settings whose {primary} intervals overlap share a rank (`=` marks a tie): "
+                 "the difference between them is inside the uncertainty.")
+    return text
+
+
+def block_notes(block: pd.DataFrame) -> list[str]:
+    """Metrics the runs of a block could not compute, as their metrics.json says (absent, never zero)."""
+    if "evaluation_notes" not in block:
+        return []
+    return sorted({n for n in block["evaluation_notes"].dropna() if n})
 
 
 def _fmt_meta(value: Any) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .report_data import ReportData
-from .report_format import block_title, block_view, blocks, metric_notes, safe_name
+from .report_data import ReportData, higher_is_better
+from .report_format import block_notes, block_title, block_view, blocks, interval_sentence, metric_notes, safe_name
 from .report_runs import RunFailure
 
 
@@ -40,7 +40,7 @@ _FAILURE_HEADERS = ["run id", "dataset", "partition", "method", "state", "reason
 
 
 
-CSV_LEAD = ["dataset", "partition", "method", "params", "baseline", "rank", "primary_metric", "n", "seeds"]
+CSV_LEAD = ["dataset", "partition", "method", "params", "baseline", "rank", "rank_tie", "primary_metric", "n", "seeds"]
 
 
 def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
@@ -48,11 +48,11 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     if table.empty:
         pd.DataFrame(columns=CSV_LEAD).to_csv(path, index=False)
         return path
-    metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n", "stderr")]
+    metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n", "stderr", "ci_low", "ci_high", "ci_method")]
     cost_cols = ["uplink_mb_mean", "uplink_mb_std", "downlink_mb_mean", "compression_ratio", "compression_ref",
                  "wall_seconds_mean", "wall_seconds_std", "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
                  "drift_mean", "drift_pixel_mean",
-                 "dropped_updates_mean"]
+                 "dropped_updates_mean", "evaluation_notes"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
     cfg_cols = sorted(c for c in table.columns if c.startswith("cfg."))
     cols = CSV_LEAD + param_cols + metric_cols + cost_cols + cfg_cols + ["run_ids"]
@@ -73,23 +73,27 @@ def write_markdown(data: ReportData, out_dir: Path, root: Path, images: Mapping[
         "# dfbench leaderboard",
         "",
         f"{n_done} finished run(s) in {len(data.table)} setting(s); {len(data.failures)} run(s) failed, diverged, "
-        f"unfinished or unreadable (listed below). Seeds are aggregated as mean ± std (sample std); "
-        f"lower is better for every metric. `x4.0` = four times less uplink than fedavg in the same block "
+        f"unfinished or unreadable (listed below). Seeds are aggregated as mean ± std (sample std) [95% interval]; "
+        f"lower is better except for metrics marked ↑ (precision, recall, density, coverage). "
+        f"`x4.0` = four times less uplink than fedavg in the same block "
         f"(`*`: fedavg ran another budget, compared per client upload).",
         "",
     ]
     if data.hardware:
         lines += ["Hardware: " + "; ".join(data.hardware) + ".", ""]
     for (dataset, partition), block in blocks(data.table):
-        headers, rows, shared = block_view(block, data.metrics)
+        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations))
         primary = block["primary_metric"].iloc[0]
         lines += [f"## {block_title(dataset, partition)}", ""]
         lines.append(f"Ranked by **{primary}** (lower is better)." if primary else "No ranking metric (fid / fd_*) recorded.")
+        lines.append(interval_sentence(block, primary))
         if shared:
             lines.append("Shared settings: " + ", ".join(f"{k}={v}" for k, v in sorted(shared.items())) + ".")
         lines += ["", _md_table(headers, rows), ""]
         for note in metric_notes(data.evaluations, block["group_key"]):
             lines.append(f"- {note}")
+        for note in block_notes(block):
+            lines.append(f"- not computed: {note}")
         mosaic = images.get(f"mosaic_{safe_name(dataset)}_{safe_name(partition)}")
         if mosaic:
             lines += ["", _md_image(f"sample grids {dataset} {partition}", mosaic, out_dir)]
@@ -128,7 +132,7 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     body = []
     for row in rows:
         cells = "".join(
-            f"<td class=\"num\">{html.escape(c)}</td>" if re.fullmatch(r"[x#]?[-0-9.e+ ±()s.n=*]+", c or "-") else f"<td>{html.escape(c)}</td>"
+            f"<td class=\"num\">{html.escape(c)}</td>" if re.fullmatch(r"[x#]?[-0-9.e+ ±()s.n=*\[\],]+", c or "-") else f"<td>{html.escape(c)}</td>"
             for c in row
         )
         body.append(f"<tr>{cells}</tr>")
@@ -146,19 +150,21 @@ def write_html(data: ReportData, out_dir: Path, root: Path, images: Mapping[str,
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>dfbench leaderboard</title>",
         f"<style>{_CSS}</style></head><body><h1>dfbench leaderboard</h1>",
         f"<p>{len(data.runs)} finished run(s) in {len(data.table)} setting(s); {len(data.failures)} run(s) failed, "
-        "diverged, unfinished or unreadable. Seeds aggregated as mean ± std; lower is better.</p>",
+        "diverged, unfinished or unreadable. Seeds aggregated as mean ± std [95% interval]; lower is better "
+        "except for metrics marked ↑.</p>",
     ]
     for (dataset, partition), block in blocks(data.table):
-        headers, rows, shared = block_view(block, data.metrics)
+        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations))
         primary = block["primary_metric"].iloc[0]
         parts.append(f"<h2>{esc(block_title(dataset, partition))}</h2>")
         parts.append(f"<p>Ranked by <b>{esc(primary)}</b> (lower is better).</p>" if primary else "<p>No ranking metric.</p>")
+        parts.append(f"<p class=\"note\">{esc(interval_sentence(block, primary))}</p>")
         if shared:
             parts.append("<p class=\"note\">Shared settings: " + esc(", ".join(f"{k}={v}" for k, v in sorted(shared.items()))) + "</p>")
         parts.append(_html_table(headers, rows))
-        block_notes = metric_notes(data.evaluations, block["group_key"])
-        if block_notes:
-            parts.append("<ul class=\"note\">" + "".join(f"<li>{esc(n)}</li>" for n in block_notes) + "</ul>")
+        notes_here = metric_notes(data.evaluations, block["group_key"]) + [f"not computed: {n}" for n in block_notes(block)]
+        if notes_here:
+            parts.append("<ul class=\"note\">" + "".join(f"<li>{esc(n)}</li>" for n in notes_here) + "</ul>")
         mosaic = images.get(f"mosaic_{safe_name(dataset)}_{safe_name(partition)}")
         if mosaic:
             parts.append(f"<img alt=\"sample grids {esc(dataset)} {esc(partition)}\" src=\"{_data_uri(mosaic)}\">")

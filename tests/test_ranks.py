@@ -1,0 +1,103 @@
+"""Honest ranks on constructed run folders: overlapping intervals share a rank (marked as a
+tie), separated ones do not; the leaderboard says what the interval is; metrics that could
+not be computed are absent with a note, never zero."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from test_report import fd, make_run  # noqa: E402
+
+from dfbench.benchmark.report import build_report, collect  # noqa: E402
+from dfbench.benchmark.uncertainty import tie_ranks  # noqa: E402
+
+CI = "95% basic bootstrap over generated samples (reference fixed)"
+
+
+def fd_ci(value: float, low: float, high: float) -> dict[str, Any]:
+    return fd(value, ci_low=low, ci_high=high, ci_level=0.95, ci_method=CI, ci_replicates=200)
+
+
+def _ranks(out: Path) -> dict[str, tuple[int, bool]]:
+    csv = pd.read_csv(out / "leaderboard.csv")
+    return {m: (int(r), bool(t)) for m, r, t in zip(csv["method"], csv["rank"], csv["rank_tie"])}
+
+
+def test_overlapping_intervals_share_a_rank(tmp_path):
+    # prepare: fedprox 318.1 [305, 331] and fedavg 321.7 [309, 334] overlap (the demo's situation)
+    runs = tmp_path / "runs"
+    make_run(runs, "a", method="fedprox", params={"mu": 0.01}, evaluations=[fd_ci(318.1, 305.0, 331.0)])
+    make_run(runs, "b", method="fedavg", evaluations=[fd_ci(321.7, 309.0, 334.0)])
+    # execute
+    build_report(runs, tmp_path / "out")
+    # assert
+    assert _ranks(tmp_path / "out") == {"fedprox": (1, True), "fedavg": (1, True)}
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| 1= | fedprox |" in md and "| 1= | fedavg |" in md
+    assert f"Intervals [low, high]: {CI}." in md and "share a rank" in md
+    assert "318.1 [305, 331]" in md
+    html = (tmp_path / "out" / "leaderboard.html").read_text()
+    assert "1=" in html and CI in html
+
+
+def test_separated_intervals_get_different_ranks(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "a", method="fedprox", params={"mu": 0.01}, evaluations=[fd_ci(318.1, 310.0, 326.0)])
+    make_run(runs, "b", method="fedavg", evaluations=[fd_ci(421.7, 409.0, 434.0)])
+    make_run(runs, "c", method="random_prune", params={"keep_ratio": 0.5}, evaluations=[fd_ci(867.5, 850.0, 880.0)])
+    build_report(runs, tmp_path / "out")
+    assert _ranks(tmp_path / "out") == {"fedprox": (1, False), "fedavg": (2, False), "random_prune": (3, False)}
+
+
+def test_seeds_give_a_t_interval_that_decides_the_rank(tmp_path):
+    # fedavg seeds 10.0 / 10.2 / 9.9 (tight) vs fedprox 12.0 / 12.1 / 11.8: separated -> ranks 1, 2;
+    # quantized 10.0 / 14.0 / 6.0 (wide): overlaps both -> shares rank 1 with fedavg
+    runs = tmp_path / "runs"
+    for seed, (a, b, c) in enumerate([(10.0, 12.0, 10.0), (10.2, 12.1, 14.0), (9.9, 11.8, 6.0)]):
+        make_run(runs, f"fa{seed}", seed=seed, evaluations=[fd_ci(a, a - 5, a + 5)])
+        make_run(runs, f"fp{seed}", seed=seed, method="fedprox", params={"mu": 0.1}, evaluations=[fd_ci(b, b - 5, b + 5)])
+        make_run(runs, f"q{seed}", seed=seed, method="quantized", params={"bits": 4}, evaluations=[fd_ci(c, c - 5, c + 5)])
+    build_report(runs, tmp_path / "out")
+    assert _ranks(tmp_path / "out") == {"fedavg": (1, True), "quantized": (1, True), "fedprox": (2, False)}
+    csv = pd.read_csv(tmp_path / "out" / "leaderboard.csv")
+    fedavg = csv[csv["method"] == "fedavg"].iloc[0]
+    assert "t-interval across 3 seeds" in fedavg["fd_fmnist_ci_method"]  # across seeds, not the runs' bootstrap
+    assert fedavg["fd_fmnist_ci_low"] < 10.033 < fedavg["fd_fmnist_ci_high"] < 10.6
+
+
+def test_new_metric_columns_and_absent_metrics(tmp_path):
+    runs = tmp_path / "runs"
+    prec = {"metric": "precision_fmnist", "value": 0.61, "better": "higher", "extractor": "fmnist"}
+    make_run(runs, "a", evaluations=[fd_ci(20.0, 15.0, 25.0), prec],
+             extra_metrics={"evaluation_notes": ["mode coverage: no classifier for dataset 'fmnist'"]})
+    make_run(runs, "b", method="fedprox", params={"mu": 0.1}, evaluations=[fd_ci(30.0, 26.0, 34.0)])
+    build_report(runs, tmp_path / "out")
+    data = collect(runs)
+    assert "precision_fmnist" in data.metrics
+    csv = pd.read_csv(tmp_path / "out" / "leaderboard.csv")
+    fedprox = csv[csv["method"] == "fedprox"].iloc[0]
+    assert math.isnan(fedprox["precision_fmnist_mean"])  # absent, never 0
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "precision_fmnist ↑" in md
+    assert "not computed: mode coverage: no classifier for dataset 'fmnist'" in md
+
+
+@pytest.mark.parametrize(
+    "values,lows,highs,higher,expected",
+    [
+        # A overlaps B, B overlaps C, A and C disjoint: A=1, B=1 (nothing clearly better), C=2
+        ([1.0, 2.0, 3.0], [0.5, 1.2, 2.6], [1.5, 2.8, 3.5], False, [(1, True), (1, True), (2, False)]),
+        ([0.9, 0.5], [0.85, 0.4], [0.95, 0.6], True, [(1, False), (2, False)]),  # higher is better
+        ([1.0, float("nan"), 2.0], [None, None, None], [None, None, None], False, [(1, False), (None, False), (2, False)]),
+    ],
+)
+def test_tie_ranks_by_hand(values, lows, highs, higher, expected):
+    assert tie_ranks(values, lows, highs, higher_is_better=higher) == expected
