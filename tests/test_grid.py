@@ -108,7 +108,7 @@ def test_every_bad_cell_is_named_in_one_error_and_nothing_runs(tmp_path, capsys)
     with pytest.raises(G.GridError) as err:
         G.load_grid(path)
     msg = str(err.value)
-    assert "registered methods: experts, fedavg" in msg  # unknown method
+    assert f"registered methods: {', '.join(methods.list_methods())}" in msg  # unknown method
     assert "invalid value for 'method.mu' of 'fedprox': -1.0; allowed: a finite number >= 0" in msg
     assert "invalid value for 'data.dataset': 'mnist'; allowed: fmnist, svhn, cifar10" in msg
     assert "cell 6 ([[cells]] #0) (fmnist/iid/fedavg/0): invalid value for 'train.rounds': -1" in msg
