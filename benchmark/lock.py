@@ -87,6 +87,8 @@ def _boot_id() -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0 or -1, ...) would address a process group, not a process
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
