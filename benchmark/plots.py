@@ -52,6 +52,11 @@ def _with_score(frame: pd.DataFrame, metrics: Sequence[str], suffix: str = "") -
         row[f"{m}{suffix}"] if isinstance(m, str) else math.nan for m, (_, row) in zip(df["score_metric"], df.iterrows())
     ]
     df["score"] = pd.to_numeric(df["score"], errors="coerce")
+    if suffix == "_mean":  # setting rows: the interval of the score (t across seeds, else the run's bootstrap)
+        for side in ("low", "high"):
+            df[f"score_{side}"] = pd.to_numeric(
+                [row.get(f"{m}_ci_{side}", math.nan) if isinstance(m, str) else math.nan
+                 for m, (_, row) in zip(df["score_metric"], df.iterrows())], errors="coerce")
     return df[df["score"].notna()]
 
 
@@ -138,13 +143,18 @@ def plot_metric_vs_uplink(table: pd.DataFrame, metrics: Sequence[str], path: Pat
         x = panel["uplink_mb_mean"].to_numpy(float)
         if len(x) and x.max() / x.min() > 20:
             ax.set_xscale("log")
+        bars = panel.dropna(subset=["score_low", "score_high"]) if "score_low" in panel else panel.iloc[:0]
+        if len(bars):  # error bars: the 95% interval of each setting's score
+            ax.errorbar(bars["uplink_mb_mean"], bars["score"], fmt="none", ecolor="#888", elinewidth=1, capsize=3,
+                        yerr=[(bars["score"] - bars["score_low"]).clip(lower=0), (bars["score_high"] - bars["score"]).clip(lower=0)])
         for _, row in panel.iterrows():
             if row["params"]:
                 ax.annotate(str(row["params"]), (row["uplink_mb_mean"], row["score"]), fontsize=6,
                             xytext=(3, 3), textcoords="offset points", color="#444")
     _label_panels(grid, df)
     grid.set_xlabels("total uplink (MB)")
-    return _save(grid, path, "one point per setting (mean over seeds)")
+    return _save(grid, path, "one point per setting (mean over seeds); bars: 95% interval "
+                             "(t across seeds, else the run's bootstrap)")
 
 
 def plot_loss_per_round(rounds: pd.DataFrame, path: Path) -> Path | str:
