@@ -5,7 +5,8 @@ Adding a method: write methods/<name>.py with a `Method` subclass decorated by
 """
 
 from .base import ClientPlan, Method, ServerState, Upload, masked_weighted_mean
-from .registry import create_method, get_method_class, list_methods, method_config, method_help, register_method
+from .registry import (create_method, get_method_class, list_methods, method_config, method_families, method_help,
+                       register_method)
 
 # Method modules (imported for their @register_method side effect).
 from . import fedavg  # noqa: F401,E402
@@ -18,5 +19,6 @@ from . import heterofl  # noqa: F401,E402
 
 __all__ = [
     "ClientPlan", "Method", "ServerState", "Upload", "masked_weighted_mean",
-    "create_method", "get_method_class", "list_methods", "method_config", "method_help", "register_method",
+    "create_method", "get_method_class", "list_methods", "method_config", "method_families", "method_help",
+    "register_method",
 ]

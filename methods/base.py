@@ -93,6 +93,9 @@ class Method:
     """Base class: FedAvg behaviour. Subclasses override only what differs."""
 
     name: ClassVar[str] = "base"
+    # Methods that differ only in a rule share a family (e.g. the four server optimizers): the
+    # demo grid covers every family, the full grid every method. Default: the method's own name.
+    family: ClassVar[str | None] = None
 
     @dataclass(frozen=True)
     class Config:

@@ -24,6 +24,8 @@ def register_method(name: str) -> Callable[[M], M]:
         if not dataclasses.is_dataclass(cls.Config):
             raise TypeError(f"{cls.__qualname__}.Config must be a frozen dataclass")
         cls.name = name
+        if cls.family is None:
+            cls.family = name
         _REGISTRY[name] = cls
         return cls
 
@@ -33,6 +35,14 @@ def register_method(name: str) -> Callable[[M], M]:
 def list_methods(pattern: str = "*") -> list[str]:
     """Registered method names matching a glob pattern, sorted."""
     return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def method_families() -> dict[str, list[str]]:
+    """Family -> its registered method names (a family groups methods that share one rule)."""
+    out: dict[str, list[str]] = {}
+    for n in list_methods():
+        out.setdefault(str(_REGISTRY[n].family), []).append(n)
+    return out
 
 
 def get_method_class(name: str) -> type[Method]:

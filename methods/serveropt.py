@@ -52,6 +52,8 @@ def _fail(method: str, key: str, value: object, allowed: str) -> None:
 class _ServerOptimizer(Method):
     """FedAvg's clients and aggregation, then one server optimizer step on the pseudo-gradient."""
 
+    family: ClassVar[str | None] = "serveropt"
+
     def server_step(self, delta: torch.Tensor, extra: dict, dtype: torch.dtype) -> torch.Tensor:
         """float64 step s with x_{t+1} = x_t + s; updates the optimizer state in `extra` (stored in `dtype`)."""
         raise NotImplementedError
