@@ -78,9 +78,9 @@ def default_replicates(dims: int) -> int:
 
 def psd_sqrt(sigma: np.ndarray) -> np.ndarray:
     """Symmetric square root of a symmetric PSD matrix via eigh (negative rounding residue clipped to 0)."""
-    sym = (np.asarray(sigma, dtype=np.float64) + np.asarray(sigma, dtype=np.float64).T) / 2.0
-    vals, vecs = np.linalg.eigh(sym)
-    return (vecs * np.sqrt(np.clip(vals, 0.0, None))) @ vecs.T
+    sym = torch.from_numpy(np.asarray(sigma, dtype=np.float64))
+    vals, vecs = torch.linalg.eigh((sym + sym.T) / 2.0)  # torch: its thread count is ours to set
+    return ((vecs * vals.clamp_min(0.0).sqrt()) @ vecs.T).numpy()
 
 
 def _check_level(level: float) -> None:
@@ -109,7 +109,9 @@ class FrechetReference:
         self.dims = mu.shape[0]
         self.mu = torch.from_numpy(mu).to(self.device)
         self.trace_ref = float(np.trace(sigma))
-        self.sqrt_ref = torch.from_numpy(psd_sqrt(sigma)).to(self.device)  # A, computed once
+        self._small = self.device.type == "cpu" and self.dims <= 512  # small CPU linear algebra: one thread
+        with _one_thread(self._small):
+            self.sqrt_ref = torch.from_numpy(psd_sqrt(sigma)).to(self.device)  # A, computed once
 
     def _check(self, feats: np.ndarray) -> torch.Tensor:
         x = np.asarray(feats, dtype=np.float64)
@@ -132,10 +134,28 @@ class FrechetReference:
         eig = torch.linalg.eigvalsh(gram / (n - 1)).clamp_min(0.0)
         return (diff * diff).sum(dim=1) + trace + self.trace_ref - 2.0 * eig.sqrt().sum(dim=1)
 
+    def _resampled(self, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Distances of resampled row sets idx [B, n], through each row's multiplicity w (no row copies):
+        mean = w x / n, tr Sigma = (w |x|^2 - n |mean|^2) / (n - 1),
+        A Sigma A = (Y^T diag(w) Y - n m_y m_y^T) / (n - 1) with Y = x A, m_y = w Y / n."""
+        b, n = idx.shape
+        w = torch.zeros(b, n, dtype=x.dtype, device=x.device).scatter_add_(1, idx, torch.ones_like(idx, dtype=x.dtype))
+        mean, my = w @ x / n, w @ y / n
+        diff = mean - self.mu
+        trace = (w @ sq - n * (mean * mean).sum(dim=1)) / (n - 1)
+        if n <= self.dims:  # n x n Gram form: sqrt(w_i) (y_i - m_y) . (y_j - m_y) sqrt(w_j)
+            yc = (y[None] - my[:, None]) * w.sqrt()[:, :, None]
+            gram = yc @ yc.transpose(1, 2)
+        else:
+            gram = (y[None] * w[:, :, None]).transpose(1, 2) @ y - n * my[:, :, None] * my[:, None, :]
+        eig = torch.linalg.eigvalsh(gram / (n - 1)).clamp_min(0.0)
+        return (diff * diff).sum(dim=1) + trace + self.trace_ref - 2.0 * eig.sqrt().sum(dim=1)
+
     def distance(self, feats: np.ndarray) -> float:
         """Frechet distance from the features' Gaussian fit (mean, unbiased covariance) to the reference."""
         x = self._check(feats)
-        return float(self._distances(x[None], (x @ self.sqrt_ref)[None])[0])
+        with _one_thread(self._small or (self.device.type == "cpu" and x.shape[0] <= 512)):
+            return float(self._distances(x[None], (x @ self.sqrt_ref)[None])[0])
 
     def bootstrap(
         self,
@@ -161,8 +181,9 @@ class FrechetReference:
         gen = torch.Generator(device="cpu").manual_seed(int(seed) % (2**63))
         idx = torch.randint(0, n, (replicates, n), generator=gen).to(self.device)
         batch = max(1, _BATCH_ELEMENTS // (n * self.dims))  # replicates per batched eigvalsh (bounds memory)
+        sq = (x * x).sum(dim=1)
         with _one_thread(self.device.type == "cpu" and min(n, self.dims) <= 512):
-            reps = torch.cat([self._distances(x[i], y[i]) for i in idx.split(batch)]).cpu().numpy()
+            reps = torch.cat([self._resampled(x, y, sq, i) for i in idx.split(batch)]).cpu().numpy()
         interval = _interval(point, reps, level, method, "over generated samples (reference fixed)")
         if interval.low < 0:  # a distance is >= 0; the basic interval's bias shift can cross 0
             interval = Interval(0.0, max(interval.high, 0.0), level, interval.method + ", clipped at 0", replicates)
