@@ -1,7 +1,11 @@
 """Score a finished pruning run's final model under other inference rules (no retraining).
 
     .venv/bin/python scripts/rescore_inference.py RUN_DIR --rule full --rule scaled \
-        --rule submodel --rule submodel:inference_seed=1 --out OUT_DIR
+        --rule submodel --rule submodel:inference_seed=1 --rule scaled:only=out.2 --out OUT_DIR
+
+`scaled:only=PREFIX` is a diagnostic, not a method option: the scaled rule applied only to the
+prunable tensors whose name starts with PREFIX (e.g. `out.2`, the UNet's last convolution,
+the one layer whose output no normalisation follows), the rest sampled as `full`.
 
 The model is the run's last checkpoint (its EMA when the run used one); the samples come
 from the run's fixed noises and sampler, so every rule is compared on the same noises.
@@ -48,13 +52,23 @@ def main() -> None:
     table: dict[str, dict[str, float]] = {}
     for text in args.rule:
         mode, extra = parse_rule(text)
+        only = extra.pop("only", None)
         method = methods.create_method(cfg.method, **{**dict(cfg.method_params), "inference": mode, **extra})
-        samples = generate(cfg, ctx, method, params)
+        used = params
+        if only is not None:  # diagnostic: scale only the named tensors, sample the result as `full`
+            if mode != "scaled":
+                raise SystemExit(f"'only=' goes with the scaled rule, not {mode!r}")
+            used = params.clone()
+            for (name, sl, _), c in zip(ctx.layout.slices(), method.inference_scales(ctx)):
+                if name.startswith(only):
+                    used[sl] *= c
+            method = methods.create_method(cfg.method, **{**dict(cfg.method_params), "inference": "full"})
+        samples = generate(cfg, ctx, method, used)
         d = args.out / text.replace(":", "_").replace(",", "_").replace("=", "-")
         d.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(d / "samples.npz", images=samples.numpy())
         save_grid(samples, cfg.eval.grid, d / "grid.png")
-        rows, pending = score(d, cfg, samples, ctx.sampler_name(cfg.train.objective))
+        rows, pending = score(d, cfg, samples, ctx.sampler_name(cfg.train.objective))[:2]
         if pending:
             raise SystemExit(pending)
         table[text] = {r["metric"]: float(r["value"]) for r in rows}
