@@ -5,6 +5,7 @@
 reads the finished runs of a pruning grid (random_prune / topk_prune at several keep ratios,
 FedAvg, the untrained baseline; `benchmark/grids/paper-fmnist.toml`) and writes
 
+- paper_claims.md: the paper's claims C1-C4 checked against those numbers;
 - paper_summary.csv / .md: per (family, keep ratio) the mean over seeds and a 95 % t-interval of
   the primary metric, the same-noise drift (pixels, classifier features), w^2 and Gamma*;
 - paper_metric_vs_keep.png, paper_drift_vs_keep.png: those means with their intervals;
@@ -143,7 +144,7 @@ def plot_metric_vs_bound(study: pd.DataFrame, metric: str, path: Path) -> Path:
 
 
 def plot_samples(study: pd.DataFrame, path: Path, seed: int | None = None) -> Path:
-    """Rows: keep ratios (and untrained); column blocks: families; cells: 3 x 10 of the first 30 samples."""
+    """Rows: keep ratios; column blocks: families; cells: 3 x 10 of the first 30 samples."""
     pruned = study[study["family"].isin(list(FAMILIES.values()))]
     seed = int(pruned["seed"].min()) if seed is None else seed
     keeps = sorted(pruned["keep"].unique(), reverse=True)
@@ -205,6 +206,61 @@ def write_summary(table: pd.DataFrame, metric: str, out: Path) -> None:
     (out / "paper_summary.md").write_text("\n".join(lines) + "\n\n" + note + "\n")
 
 
+def _fmt(row: pd.Series, col: str = "metric", digits: int = 1) -> str:
+    mean, low, high = row[f"{col}_mean"], row[f"{col}_low"], row[f"{col}_high"]
+    return f"{mean:.{digits}f}" + (f" [{low:.{digits}f}, {high:.{digits}f}]" if np.isfinite(low) else "")
+
+
+def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str) -> list[str]:
+    """The paper's claims C1-C4 checked against the summary, as markdown lines with numbers."""
+    from scipy import stats
+
+    get = {(r["family"], r["keep"]): r for _, r in table.iterrows()}
+    keeps = sorted({k for f, k in get if f != "untrained" and k < 1.0}, reverse=True)
+    fams = list(FAMILIES.values())
+    lines = [f"Computed by `benchmark/paper_figures.py` from the runs; {metric}, lower is better; mean [95 % t-interval] over seeds."]
+    lines.append("\n**C1: top-k ≥ random at each keep ratio** (a lower distance is better; overlapping intervals are ties)")
+    for k in keeps:
+        r, t = get.get(("random", k)), get.get(("top-k", k))
+        if r is None or t is None:
+            continue
+        overlap = not (t["metric_high"] < r["metric_low"] or r["metric_high"] < t["metric_low"])
+        verdict = "tie (intervals overlap)" if overlap else ("top-k better" if t["metric_mean"] < r["metric_mean"] else "random better")
+        lines.append(f"- keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}: {verdict}")
+    lines.append("\n**C2: quality falls as keep falls**")
+    for fam in fams:
+        seq = [(k, get[(fam, k)]["metric_mean"]) for k in [1.0, *keeps] if (fam, k) in get]
+        mono = all(b >= a for (_, a), (_, b) in zip(seq, seq[1:]))
+        lines.append(f"- {fam}: " + " → ".join(f"{k:g}: {m:.1f}" for k, m in seq) + (" (monotone)" if mono else " (not monotone)"))
+    lines.append("\n**C3: moderate pruning costs little** (relative change of the mean against FedAvg)")
+    for fam in fams:
+        dense = get.get((fam, 1.0))
+        for k in keeps:
+            if dense is not None and (fam, k) in get:
+                rel = get[(fam, k)]["metric_mean"] / dense["metric_mean"] - 1
+                lines.append(f"- {fam}, keep {k:g}: {rel:+.0%}")
+    lines.append("\n**C4: w² grows and Γ* falls as keep falls, and the metric follows them** (Spearman ρ over runs, FedAvg included)")
+    for fam in fams:
+        seq = [(k, get[(fam, k)]) for k in [1.0, *keeps] if (fam, k) in get]
+        lines.append(f"- {fam}: w² " + " → ".join(f"{r['w2_mean']:.3f}" for _, r in seq)
+                     + "; Γ* " + " → ".join(f"{r['gamma_star_mean']:.2f}" for _, r in seq))
+        sub = study[study["family"] == fam]
+        for col in ("w2", "gamma_star"):
+            ok = sub[[col, "metric"]].dropna()
+            if len(ok) > 2 and ok[col].nunique() > 1:
+                rho, p = stats.spearmanr(ok[col], ok["metric"])
+                lines.append(f"  - {metric} vs {col}: ρ = {rho:+.2f} (p = {p:.2g}, {len(ok)} runs)")
+    base = table[table["family"] == "untrained"]
+    untrained = base.iloc[0] if len(base) else None  # keep is NaN there: not a dict key that matches
+    if untrained is not None and ("random", 0.5) in get:
+        ratio = get[("random", 0.5)]["metric_mean"] / untrained["metric_mean"]
+        dense = get.get(("random", 1.0))
+        lines.append(f"\n**Floor**: untrained {_fmt(untrained)}; FedAvg / untrained = "
+                     f"{dense['metric_mean'] / untrained['metric_mean']:.2f}; random keep 0.5 / untrained = {ratio:.2f}."
+                     if dense is not None else f"\n**Floor**: untrained {_fmt(untrained)}; random keep 0.5 / untrained = {ratio:.2f}.")
+    return lines
+
+
 def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
     """Every figure and the summary for the runs under `runs_dir`, written into `out`."""
     out = Path(out)
@@ -212,8 +268,10 @@ def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
     study, metric = study_runs(runs_dir)
     table = summarize(study)
     write_summary(table, metric, out)
+    (out / "paper_claims.md").write_text("\n".join(claims(table, study, metric)) + "\n")
     return {
         "summary": out / "paper_summary.md",
+        "claims": out / "paper_claims.md",
         "metric_vs_keep": plot_metric_vs_keep(table, metric, out / "paper_metric_vs_keep.png"),
         "drift_vs_keep": plot_drift_vs_keep(table, out / "paper_drift_vs_keep.png"),
         "metric_vs_bound": plot_metric_vs_bound(study, metric, out / "paper_metric_vs_bound.png"),

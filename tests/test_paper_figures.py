@@ -73,6 +73,10 @@ def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_pa
     assert fed["metric_mean"] == pytest.approx(101.0)
     md = (tmp_path / "out" / "paper_summary.md").read_text()
     assert "| random | 0.5 | 3 | 213.3 [" in md and "| untrained | – | 3 | 800.0" in md
+    claims = (tmp_path / "out" / "paper_claims.md").read_text()
+    assert "- keep 0.5: top-k 150.0 [150.0, 150.0] vs random 213.3 [" in claims and "top-k better" in claims
+    assert "- random, keep 0.5: +111%" in claims  # 213.33 / 101 - 1
+    assert "random keep 0.5 / untrained = 0.27" in claims  # 213.33 / 800
     for key in ("metric_vs_keep", "drift_vs_keep", "metric_vs_bound", "samples"):
         with Image.open(paths[key]) as img:
             assert img.size[0] > 300 and img.size[1] > 200
