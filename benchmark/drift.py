@@ -100,7 +100,10 @@ def find_reference(run: str | Path, root: str | Path | None = None) -> Path | No
     if cfg.get("method") == "fedavg":
         return run if (run / "samples.npz").is_file() else None  # its own reference (drift 0), even mid-evaluation
     if root is None:
-        root = run.parents[3]  # <root>/<dataset>/<partition>/<method>/<seed-hash>
+        parents = run.resolve().parents  # <root>/<dataset>/<partition>/<method>/<seed-hash>
+        if len(parents) < 4:
+            return None  # not inside a runs root: nothing to compare with
+        root = parents[3]
     want = _budget(cfg)
     same_family, fedavg = [], []
     for cand in sorted(Path(root).glob(f"{run.parent.parent.parent.name}/{run.parent.parent.name}/*/*/config.json")):
