@@ -6,6 +6,7 @@ later — e.g. once the Inception weights have been placed — without re-sampli
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,9 @@ def save_grid(images: torch.Tensor, side: int, path: Path) -> None:
         y, x = pad + r * (h + pad), pad + q * (w + pad)
         canvas[y:y + h, x:x + w] = images[i].permute(1, 2, 0).numpy()
     img = Image.fromarray(canvas[..., 0] if c == 1 else canvas)
-    img.save(path)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    results.atomic_write_bytes(path, buf.getvalue())  # a kill never leaves half a PNG
 
 
 def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor) -> torch.Tensor:
@@ -112,7 +115,9 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     params = ema if ema is not None else state.params
     ctx.progress = progress
     samples = generate(cfg, ctx, method, params)
-    np.savez_compressed(d / "samples.npz", images=samples.numpy())
+    buf = io.BytesIO()
+    np.savez_compressed(buf, images=samples.numpy())
+    results.atomic_write_bytes(d / "samples.npz", buf.getvalue())  # `dfbench eval` never reads half a file
     save_grid(samples, cfg.eval.grid, d / "grid.png")
     # a method with its own sampler (expert mixtures) names it in its extra metrics
     sampler = extra.get("mixture_sampler") or ctx.sampler_name(cfg.train.objective)
