@@ -33,7 +33,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition", default=d.partition, help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K")
     p.add_argument("--eval-samples", type=int, default=e.samples)
     p.add_argument("--sampler-steps", type=int, default=e.sampler_steps)
-    p.add_argument("--data-root", default=None, help="data folder (else $DFBENCH_DATA, the system path, download)")
+    p.add_argument("--data-root", default=None, help="data folder (else $DFBENCH_DATA, the system path, the fetch cache; --download or `dfbench fetch` fills the cache)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="any config field, e.g. method.mu=0.01, train.objective=fm, system.participation=0.5 (repeatable)")
