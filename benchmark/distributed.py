@@ -45,6 +45,8 @@ from typing import Any, Iterator, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from .values import seconds_from_env
+
 T = TypeVar("T")
 
 TIMEOUT_ENV = "DFBENCH_DIST_TIMEOUT"
@@ -76,16 +78,7 @@ def my_share(clients: Sequence[T], rank: int, world: int) -> list[T]:
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT_S, name: str = TIMEOUT_ENV) -> float:
     """Seconds every collective may wait, from $DFBENCH_DIST_TIMEOUT (a clear error if malformed)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (value > 0 and value != float("inf")):
-        raise ValueError(f"invalid value for ${name}: {raw!r}; allowed: a number of seconds > 0")
-    return value
+    return seconds_from_env(name, default)
 
 
 def env_world_size() -> int:

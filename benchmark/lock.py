@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .values import seconds_from_env
+
 LOCK_NAME = ".lock"
 STALE_ENV = "DFBENCH_LOCK_STALE"
 DEFAULT_STALE_S = 300.0
@@ -66,16 +68,7 @@ class LockLost(RuntimeError):
 
 def stale_from_env(default: float = DEFAULT_STALE_S) -> float:
     """Seconds without a heartbeat after which a lock is stale, from $DFBENCH_LOCK_STALE."""
-    raw = os.environ.get(STALE_ENV, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (value > 0 and value != float("inf")):
-        raise ValueError(f"invalid value for ${STALE_ENV}: {raw!r}; allowed: a number of seconds > 0")
-    return value
+    return seconds_from_env(STALE_ENV, default)
 
 
 def _boot_id() -> str:

@@ -63,3 +63,23 @@ def parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive, finite number of seconds from environment variable `name` (unset: `default`).
+
+    One parser for every timeout knob ($DFBENCH_DIST_TIMEOUT, $DFBENCH_LOCK_STALE, ...), so a
+    malformed value fails the same clear way everywhere, before any work.
+    """
+    import os
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(f"invalid value for ${name}: {raw!r}; allowed: a number of seconds > 0")
+    return value
