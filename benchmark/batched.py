@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from .config import round_lr
 from .diffusion import DDPM, FlowMatching
 from .train import LocalResult, autocast, clip_rows_
 
@@ -214,7 +215,7 @@ def train_clients(ctx: "RunContext", plans: dict[int, "ClientPlan"], r: int) -> 
                           mask=plans[k].mask, prox_mu=plans[k].prox_mu) for k in group]
         res = train_lockstep(
             ctx.model, ctx.layout, jobs, ctx.images, ctx.get_objective(plans[group[0]].objective),
-            steps=int(ctx.local_steps[group[0]]), batch_size=t.batch_size, lr=t.lr, grad_clip=t.grad_clip,
+            steps=int(ctx.local_steps[group[0]]), batch_size=t.batch_size, lr=round_lr(t, r), grad_clip=t.grad_clip,
             probe_steps=t.sigma1_probe_steps, amp=t.amp,
         )
         out.update(zip(group, res))

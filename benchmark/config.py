@@ -30,6 +30,7 @@ Sampler = Literal["auto", "ddim", "euler", "heun"]
 Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
+LrDecay = Literal["none", "cosine"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class TrainConfig:
     local_steps: int = 20
     batch_size: int = 64
     lr: float = 1e-3
+    lr_decay: LrDecay = "none"  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
     objective: Objective = "ddpm"
     schedule: Schedule = "cosine"
     timesteps: int = 1000  # DDPM discretisation
@@ -142,11 +144,27 @@ NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
                    "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch")
 
 
+# Fields added after run ids were first published, with the value that reproduces the runs made
+# before them: left out of the hash at that value, so every existing run id stays valid.
+LATER_FIELDS = {"train.lr_decay": "none"}
+
+
+def round_lr(t: TrainConfig, round_: int) -> float:
+    """The clients' learning rate in round `round_` (1-based) of `t.rounds`."""
+    if t.lr_decay == "cosine" and t.rounds > 0:
+        return t.lr * 0.5 * (1.0 + math.cos(math.pi * (round_ - 1) / t.rounds))
+    return t.lr
+
+
 def config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for key in NON_RESULT_KEYS:
         head, _, rest = key.partition(".")
         (d[head] if rest else d).pop(rest or head, None)
+    for key, neutral in LATER_FIELDS.items():
+        head, _, rest = key.partition(".")
+        if d[head].get(rest) == neutral:
+            d[head].pop(rest)
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
@@ -178,6 +196,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
     _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
     _check(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
+    _check(t.lr_decay in typing.get_args(LrDecay), "train.lr_decay", t.lr_decay, ", ".join(typing.get_args(LrDecay)))
     _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
     _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
     _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")

@@ -15,7 +15,7 @@ import torch
 from dfbench import datasets
 
 from . import diffusion, distributed
-from .config import RunConfig, parse_capacity
+from .config import RunConfig, parse_capacity, round_lr
 from .model import Layout, build_model, flatten_, resolve_preset
 from .seeds import derive_seed, np_rng, torch_gen
 
@@ -71,12 +71,16 @@ class RunContext:
             self.objectives[name] = diffusion.make_objective(name, self.cfg.train.schedule, self.cfg.train.timesteps)
         return self.objectives[name]
 
+    def client_lr(self) -> float:
+        """The clients' learning rate in the current round (train.lr under train.lr_decay)."""
+        return round_lr(self.cfg.train, self.round)
+
     def sampler_name(self, objective: str) -> str:
         s = self.cfg.eval.sampler
         return diffusion.default_sampler(objective) if s == "auto" else s
 
     @torch.no_grad()
-    def sample_single(self, params: torch.Tensor, noise: torch.Tensor, objective: str, batch: int = 500) -> torch.Tensor:
+    def sample_single(self, params: torch.Tensor, noise: torch.Tensor, objective: str, batch: int = diffusion.SAMPLE_BATCH) -> torch.Tensor:
         """Sample one model (flat params) from the given noise, in batches, on the device."""
         self.flat.copy_(params)
         obj = self.get_objective(objective)

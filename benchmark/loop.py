@@ -23,7 +23,7 @@ import torch
 from dfbench import methods
 
 from . import batched, distributed, results
-from .config import RunConfig
+from .config import RunConfig, round_lr
 from .context import RunContext, build_context, sample_round_clients
 from .lock import LOCK_NAME, LockHeld, LockLost, RunLock
 from .train import local_train
@@ -80,7 +80,7 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
             res = local_train(
                 plan.model if plan.model is not None else ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
                 ctx.get_objective(plan.objective),
-                steps=steps, batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=ctx.gen("client", r, k),
+                steps=steps, batch_size=cfg.train.batch_size, lr=round_lr(cfg.train, r), gen=ctx.gen("client", r, k),
                 mask=plan.mask, prox_mu=plan.prox_mu, grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps,
                 amp=cfg.train.amp, channels_last=cfg.train.channels_last, step_correction=plan.step_correction,
             )
@@ -275,7 +275,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         if not _is_finite(state):
             if writer:
                 results.append_round(d, {**row, "diverged": True})
-            raise Diverged(f"global model became non-finite in round {r} (lr={cfg.train.lr}); try a smaller train.lr or train.grad_clip")
+            raise Diverged(f"global model became non-finite in round {r} (lr={round_lr(cfg.train, r):g}); try a smaller train.lr or train.grad_clip")
         if ema is not None:
             ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
         if writer:

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from dfbench import datasets
+from dfbench.benchmark.diffusion import SAMPLE_BATCH
 from dfbench.benchmark.velocity import ddpm_velocity, sample_ode
 
 from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
@@ -284,7 +285,7 @@ class Experts(Method):
         return v
 
     @torch.no_grad()
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int = 500) -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int = SAMPLE_BATCH) -> torch.Tensor:
         """One velocity-space ODE (eval.sampler: heun, or euler) for every mixing mode.
 
         oracle: two passes. Pass 1 runs the full mixture and keeps the router's top-1 expert at

@@ -94,7 +94,7 @@ class Scaffold(Method):
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         c, ci = self._variates(state, client)
-        steps, lr = int(ctx.local_steps[client]), float(ctx.cfg.train.lr)
+        steps, lr = int(ctx.local_steps[client]), ctx.client_lr()
         # option II: c_i^+ - c_i = (x - y_i) / (K eta_l) - c
         delta_c = (plan.start - local) / (steps * lr)
         if c is not None:

@@ -107,6 +107,20 @@ def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
     assert not torch.equal(a, fixed_noise(10, (1, 4, 4), base=1))
 
 
+def test_samples_barely_depend_on_the_sampling_batch(tiny_data):
+    # the sampling batch (diffusion.SAMPLE_BATCH) is a speed knob: an image's sample depends on its
+    # batch neighbours only through the convolution kernel's choice of algorithm (float rounding)
+    from dfbench.benchmark.diffusion import SAMPLE_BATCH, fixed_noise
+
+    cfg = tiny_config(over={"train.objective": "fm", "eval.sampler_steps": 2})
+    ctx = build_context(cfg, data=tiny_data)
+    params = ctx.init_params + 0.01 * torch.randn(ctx.layout.total, generator=torch.Generator().manual_seed(0))
+    noise = fixed_noise(SAMPLE_BATCH + 7, ctx.image_shape)
+    whole = ctx.sample_single(params, noise, "fm", batch=noise.shape[0])
+    for batch in (SAMPLE_BATCH, 5):
+        torch.testing.assert_close(ctx.sample_single(params, noise, "fm", batch=batch), whole, rtol=0, atol=1e-5)
+
+
 def test_rounds_zero_evaluates_untrained_model(tmp_path, tiny_data):
     d = run(tiny_config(over={"train.rounds": 0}), tmp_path, data=tiny_data, progress=False)
     assert json.loads((d / "status.json").read_text())["state"] == "done"
