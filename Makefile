@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 RUNS ?= results/runs
 DEVICE ?= cpu
-PAPER_THREADS ?= 2  # torch CPU threads for bench-paper-fmnist (its committed numbers came from 2)
+CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
 .PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-comm bench-experts perf gpu-check clean-demo
@@ -31,7 +31,8 @@ test: $(VENV)/.installed ## run the test suite (CPU, a few minutes)
 
 demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untrained baseline, report in results/demo/
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
-	$(BIN)/dfbench grid demo --out results/demo/runs --device $(DEVICE); status=$$?; \
+	@# one torch thread per worker, as for the committed numbers (CPU results depend on the thread count)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid demo --workers $(CPU_WORKERS) --out results/demo/runs --device $(DEVICE); status=$$?; \
 	$(BIN)/dfbench report --runs results/demo/runs --out results/demo && exit $$status
 
 leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
@@ -45,11 +46,11 @@ bench-full: $(VENV)/.installed ## every method family x 3 datasets x 3 partition
 bench-paper: $(VENV)/.installed ## the pruning study (random vs top-k, 5 keep ratios, 3 datasets)
 	$(BIN)/dfbench grid paper --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
-bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNIST (3 seeds, ~45-90 min on 2 cores), results in results/paper-fmnist/
+bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNIST (3 seeds, ~85 min on 2 cores), results in results/paper-fmnist/
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
-	@# CPU results depend on torch's intra-op thread count: pinned to the 2 the committed results used;
-	@# a passive OpenMP wait policy changes no number but keeps a shared CPU from spinning
-	OMP_NUM_THREADS=$(PAPER_THREADS) OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	@# CPU results depend on torch's intra-op thread count: one thread per worker, as for the
+	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist && \
 	$(BIN)/python -m dfbench.benchmark.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 

@@ -129,6 +129,8 @@ def cmd_grid(a: argparse.Namespace) -> int:
         print(describe(grid, selected, a.out, retry_failed=a.retry_failed, force=a.force))
         print(describe_inputs([c.cfg for c in selected]))
         return 0
+    if a.workers != 1:
+        return _grid_workers(a, grid, shard, only)
     try:
         summary = run_grid(grid, a.out, shard=shard, only=only, retry_failed=a.retry_failed, force=a.force,
                            progress=not a.no_progress, download=a.download)
@@ -137,6 +139,63 @@ def cmd_grid(a: argparse.Namespace) -> int:
         return 1
     print(summary.text())
     return 0 if summary.ok else 1
+
+
+def _worker_argv(raw: Sequence[str]) -> list[str]:
+    """A grid command line without --workers and --download (the first process fetches), quiet."""
+    out: list[str] = []
+    skip = False
+    for tok in raw:
+        if skip:
+            skip = False
+        elif tok == "--workers":
+            skip = True
+        elif not (tok.startswith("--workers=") or tok == "--download"):
+            out.append(tok)
+    return out + ([] if "--no-progress" in out else ["--no-progress"])
+
+
+def worker_command(argv: list[str]) -> list[str]:
+    """The command line of one extra `--workers` process (tests swap in an instrumented one)."""
+    return [sys.executable, "-m", "dfbench", *argv]
+
+
+def _grid_workers(a: argparse.Namespace, grid: Any, shard: Any, only: list[str]) -> int:
+    """`dfbench grid --workers N`: N-1 more processes of the same command, then this one works too."""
+    import os
+    import subprocess
+
+    from .fetch import FetchError, MissingInputsError, preflight
+    from .grid import run_grid, select_cells
+
+    if a.workers < 1:
+        raise ConfigError(f"invalid value for '--workers': {a.workers}; allowed: an integer >= 1")
+    if shard is not None or a.force:
+        raise ConfigError("--workers shares the cells by locking them: drop --shard, and run --force alone "
+                          "(one process deletes the cells, then start the workers)")
+    try:  # once, before any worker starts: missing inputs stop (or, with --download, are fetched) here
+        preflight([c.cfg for c in select_cells(grid.cells, only=only)], download=a.download, check_data=True,
+                  progress=not a.no_progress)
+    except (MissingInputsError, FetchError) as err:
+        print(f"dfbench: error: {err}", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // a.workers))
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep instead of spinning
+    argv = worker_command(_worker_argv(getattr(a, "raw_argv", [])))
+    procs = [subprocess.Popen(argv, env=env) for _ in range(a.workers - 1)]
+    print(f"dfbench grid: {a.workers} workers on {a.out} (pids {os.getpid()} "
+          f"{' '.join(str(p.pid) for p in procs)}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", file=sys.stderr)
+    try:
+        summary = run_grid(grid, a.out, only=only, retry_failed=a.retry_failed, progress=not a.no_progress)
+    finally:
+        codes = [p.wait() for p in procs]
+    print(summary.text())
+    return max([0 if summary.ok else 1, *codes])
 
 
 def cmd_methods(a: argparse.Namespace) -> int:
@@ -278,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="override a key in every cell (changes the run ids), e.g. train.rounds=1")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N cooperating worker processes on this machine (this one and N-1 more, same --out); "
+                        "unless OMP_NUM_THREADS is set, each gets cores/N torch threads. CPU results depend on the "
+                        "thread count, so pin OMP_NUM_THREADS for numbers you want to reproduce")
     g.add_argument("--download", action="store_true",
                    help="fetch the datasets and weights the cells need and this machine lacks before the first cell "
                         "(without it, a grid whose data is missing stops before running anything)")
@@ -349,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
+    args.raw_argv = raw
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:

@@ -63,6 +63,10 @@ def _worker(spec: dict[str, Any]) -> int:
         return path
 
     loop.train_round, results.save_checkpoint = train_round, save_checkpoint  # type: ignore[assignment]
+    from dfbench.benchmark import cli
+
+    # `dfbench grid --workers N` starts its extra workers as this script too (same data, same trace)
+    cli.worker_command = lambda argv: [sys.executable, __file__, json.dumps({**spec, "argv": argv, "start_at": 0.0})]
     while time.time() < spec.get("start_at", 0.0):  # every process imported: start together
         time.sleep(0.005)
     return main(spec["argv"])
@@ -155,6 +159,56 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
     assert logs.count(" done     ") == 6  # each cell reported done by exactly one worker
     _no_leftovers(out)
     assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+
+
+def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(tmp_path):
+    # prepare: 4 cells of 2 rounds
+    from test_grid import write_grid
+
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL}, {"train.rounds": [2], "seed": [0, 1, 2, 3]})
+    grid = G.load_grid(path)
+    out, trace = tmp_path / "runs", tmp_path / "trace.txt"
+    # execute: ONE command asking for three workers
+    argv = ["grid", str(path), "--out", str(out), "--workers", "3", "--no-progress"]
+    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.4}], tmp_path)
+    codes = _wait(procs, tmp_path)
+    log = (tmp_path / "p0.log").read_text()
+    assert codes == [0], log
+    # assert: three processes trained, every round of every cell exactly once, all done
+    assert "dfbench grid: 3 workers on" in log and "OMP_NUM_THREADS=1" in log
+    rows = _trace(trace)
+    assert Counter((rid, r) for _, rid, r in rows) == Counter((c.run_id, r) for c in grid.cells for r in (1, 2))
+    assert len({pid for pid, _, _ in rows}) >= 2, rows
+    assert log.count(" done     ") == 4, log
+    assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+    _no_leftovers(out)
+
+
+def test_worker_command_line_drops_workers_and_download_and_is_quiet():
+    from dfbench.benchmark.cli import _worker_argv
+
+    assert _worker_argv(["grid", "g.toml", "--workers", "3", "--download", "--out", "o"]) == [
+        "grid", "g.toml", "--out", "o", "--no-progress"]
+    assert _worker_argv(["grid", "g", "--workers=2", "--no-progress"]) == ["grid", "g", "--no-progress"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workers", "2", "--shard", "0/2"], "--workers shares the cells by locking them"),
+    (["--workers", "2", "--force"], "--workers shares the cells by locking them"),
+    (["--workers", "0"], "invalid value for '--workers': 0"),
+])
+def test_grid_workers_flag_refuses_what_it_cannot_share(tmp_path, capsys, extra, message):
+    from test_grid import write_grid
+
+    from dfbench.benchmark.cli import main
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "one.toml", {**TINY, **SMALL}, {"seed": [0]})
+    assert main(["grid", str(path), "--out", str(tmp_path / "runs"), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before any work
 
 
 def test_a_lock_left_by_a_sigkilled_owner_is_taken_over_and_the_run_resumes_bitwise(tmp_path, tiny_data):
