@@ -94,10 +94,16 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str],
 
 def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
     """What the intervals in a block are and how ties are ranked (the leaderboard's own words)."""
-    kinds = sorted({str(k) for m in block.columns if m.endswith("_ci_method") for k in block[m].dropna()})
-    if not kinds:
+    by_kind: dict[str, list[str]] = {}  # interval kind -> the metrics that carry it
+    for col in sorted(c for c in block.columns if c.endswith("_ci_method")):
+        for kind in sorted({str(k) for k in block[col].dropna()}):
+            by_kind.setdefault(kind, []).append(col[: -len("_ci_method")])
+    if not by_kind:
         return "No intervals recorded: ranks follow the values alone."
-    text = "Intervals [low, high]: " + "; ".join(kinds) + "."
+    # one kind: said once; several (e.g. the Frechet distance's and mode coverage's bootstraps):
+    # each with the metrics it belongs to
+    parts = list(by_kind) if len(by_kind) == 1 else [f"{', '.join(ms)}: {kind}" for kind, ms in by_kind.items()]
+    text = "Intervals [low, high]: " + "; ".join(parts) + "."
     if primary:
         text += (f" Settings whose {primary} intervals overlap share a rank (`=` marks a tie): "
                  "the difference between them is inside the uncertainty.")

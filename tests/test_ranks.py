@@ -90,6 +90,20 @@ def test_new_metric_columns_and_absent_metrics(tmp_path):
     assert "not computed: mode coverage: no classifier for dataset 'fmnist'" in md
 
 
+def test_interval_sentence_names_each_kind_once_with_its_metrics(tmp_path):
+    # fd_fmnist carries the reference-fixed bootstrap, mode_tv the plain one: each named once, with its metric
+    runs = tmp_path / "runs"
+    plain = "95% basic bootstrap over generated samples"
+    tv = {"metric": "mode_tv", "value": 0.2, "ci_low": 0.15, "ci_high": 0.25, "ci_level": 0.95, "ci_method": plain}
+    make_run(runs, "a", evaluations=[fd_ci(20.0, 15.0, 25.0), tv])
+    make_run(runs, "b", method="fedprox", params={"mu": 0.1}, evaluations=[fd_ci(30.0, 26.0, 34.0), dict(tv, value=0.3)])
+    build_report(runs, tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("Intervals [low, high]:"))
+    assert f"fd_fmnist: {CI}" in line and f"mode_tv: {plain};" not in line and f"mode_tv: {plain}." in line
+    assert line.count("basic bootstrap") == 2
+
+
 @pytest.mark.parametrize(
     "values,lows,highs,higher,expected",
     [
