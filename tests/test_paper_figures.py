@@ -76,6 +76,11 @@ def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_pa
     claims = (tmp_path / "out" / "paper_claims.md").read_text()
     assert "- keep 0.5: top-k 150.0 [150.0, 150.0] vs random 213.3 [" in claims and "top-k better" in claims
     assert "- random, keep 0.5: +111%" in claims  # 213.33 / 101 - 1
+    # paired by seed: 150 - (200, 210, 230) = -50, -60, -80; t-interval by hand
+    diff = np.array([-50.0, -60.0, -80.0])
+    half_d = T_975_DF2 * diff.std(ddof=1) / math.sqrt(3)
+    assert (f"top-k − random: seed 0: -50.0, seed 1: -60.0, seed 2: -80.0; top-k better at 3 of 3; "
+            f"mean {diff.mean():+.1f} [{diff.mean() - half_d:+.1f}, {diff.mean() + half_d:+.1f}]") in claims
     assert "random keep 0.5 / untrained = 0.27" in claims  # 213.33 / 800
     for key in ("metric_vs_keep", "drift_vs_keep", "metric_vs_bound", "samples"):
         with Image.open(paths[key]) as img:
