@@ -148,7 +148,12 @@ while time.time() < float(sys.argv[2]):
     time.sleep(0.001)
 won = lk.try_acquire()
 print("WON" if won else "LOST", flush=True)
-time.sleep(1.0)  # hold it while the others try
+from pathlib import Path
+marks = Path(sys.argv[3])
+(marks / str(time.time_ns())).touch()
+deadline = time.time() + 30
+while won and len(list(marks.iterdir())) < int(sys.argv[4]) and time.time() < deadline:
+    time.sleep(0.01)  # the winner holds the lock until every contender has tried (however slow its start)
 lk.release()
 """
 
@@ -158,8 +163,10 @@ def test_concurrent_takeover_of_one_stale_lock_has_exactly_one_winner(tmp_path):
     folder = tmp_path / "run"
     _write_lock(folder, host="node-3", pid=1, age_s=120)
     start = time.time() + 2.0  # they all start trying at once, after importing
-    procs = [subprocess.Popen([sys.executable, "-c", CONTEND, str(folder), str(start)], stdout=subprocess.PIPE,
-                              text=True, cwd=ROOT) for _ in range(6)]
+    marks = tmp_path / "tried"
+    marks.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", CONTEND, str(folder), str(start), str(marks), "6"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(6)]
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert sorted(outs) == ["LOST"] * 5 + ["WON"], outs
     assert L.read_lock(folder) is None and not list(folder.glob(".lock*"))

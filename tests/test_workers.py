@@ -162,24 +162,25 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
 
 
 def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(tmp_path):
-    # prepare: 4 cells of 2 rounds
+    # prepare: 4 cells of 3 rounds of 1 s each, so the work outlasts the extra workers' start-up
+    # (a Python + torch import, several seconds on a loaded 2-core machine)
     from test_grid import write_grid
 
     from helpers import TINY
 
-    path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL}, {"train.rounds": [2], "seed": [0, 1, 2, 3]})
+    path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL}, {"train.rounds": [3], "seed": [0, 1, 2, 3]})
     grid = G.load_grid(path)
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     # execute: ONE command asking for three workers
     argv = ["grid", str(path), "--out", str(out), "--workers", "3", "--no-progress"]
-    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.4}], tmp_path)
+    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 1.0}], tmp_path)
     codes = _wait(procs, tmp_path)
     log = (tmp_path / "p0.log").read_text()
     assert codes == [0], log
     # assert: three processes trained, every round of every cell exactly once, all done
     assert "dfbench grid: 3 workers on" in log and "OMP_NUM_THREADS=1" in log
     rows = _trace(trace)
-    assert Counter((rid, r) for _, rid, r in rows) == Counter((c.run_id, r) for c in grid.cells for r in (1, 2))
+    assert Counter((rid, r) for _, rid, r in rows) == Counter((c.run_id, r) for c in grid.cells for r in (1, 2, 3))
     assert len({pid for pid, _, _ in rows}) >= 2, rows
     assert log.count(" done     ") == 4, log
     assert all(G.cell_state(out, c) == "done" for c in grid.cells)
