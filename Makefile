@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-cpu-aggregation bench-cpu-aggregation-tune bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -53,6 +53,16 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist && \
 	$(BIN)/python -m dfbench.benchmark.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
+
+bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~55 min on 2 cores), results in results/cpu-aggregation/
+	@# one torch thread per worker, as for the committed numbers; the server learning rates in the
+	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
+
+bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-aggregation/tune-runs --out results/cpu-aggregation/tune && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
