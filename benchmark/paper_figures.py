@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import drift  # noqa: E402
+from . import drift, uncertainty  # noqa: E402
 from .report_data import collect, primary_metric  # noqa: E402
 
 FAMILIES = {"random_prune": "random", "topk_prune": "top-k"}
@@ -68,18 +68,13 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
 
 
 def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student-t interval of the mean over seeds (nan bounds for one seed)."""
-    from scipy import stats
-
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if len(values) == 0:
+    """(mean, low, high) of the finite values: `uncertainty.t_interval` as plain floats, with nan
+    for what it cannot give (no value: all nan; one seed: nan bounds), so tables stay numeric."""
+    finite = [float(v) for v in np.asarray(values, dtype=np.float64) if math.isfinite(v)]
+    if not finite:
         return math.nan, math.nan, math.nan
-    mean = float(values.mean())
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
+    mean, interval = uncertainty.t_interval(finite, level)
+    return (mean, interval.low, interval.high) if interval else (mean, math.nan, math.nan)
 
 
 def summarize(study: pd.DataFrame) -> pd.DataFrame:
