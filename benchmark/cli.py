@@ -194,6 +194,7 @@ def _grid_workers(a: argparse.Namespace, grid: Any, shard: Any, only: list[str])
         summary = run_grid(grid, a.out, only=only, retry_failed=a.retry_failed, progress=not a.no_progress)
     finally:
         codes = [p.wait() for p in procs]
+    summary.refresh(a.out)  # the cells the other workers ran are finished now: report their end state
     print(summary.text())
     return max([0 if summary.ok else 1, *codes])
 

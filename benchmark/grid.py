@@ -351,6 +351,13 @@ class GridSummary:
         """Nothing failed or left undone here (cells another live worker is running are its business)."""
         return all(o.after == "running" for o in self.unfinished)
 
+    def refresh(self, out: str | Path) -> None:
+        """Read again the cells that other workers were running (call it once they have exited)."""
+        for o in self.outcomes:
+            if o.after == "running":
+                o.after = cell_state(out, o.cell)
+                o.note = cell_note(out, o.cell, o.after)
+
     def text(self) -> str:
         counts = ", ".join(f"{self.count(s)} {s}" for s in STATES if self.count(s))
         ran = sum(o.ran for o in self.outcomes)

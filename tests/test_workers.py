@@ -184,6 +184,9 @@ def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(
     assert len({pid for pid, _, _ in rows}) >= 2, rows
     assert log.count(" done     ") == 4, log
     assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+    # the command's own summary comes last, after its workers exited: every cell done, none "running"
+    last = log.rstrip().splitlines()[-1]
+    assert last.startswith("grid t: 4 cell(s) selected") and last.endswith("; 4 done"), log
     _no_leftovers(out)
 
 
