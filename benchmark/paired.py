@@ -36,6 +36,19 @@ def _pair_budget(budget_key: str) -> str:
 COLUMNS = ["dataset", "partition", "setting", "seeds", "differences", "wins", "mean", "low", "high", "verdict"]
 
 
+def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.ndarray, float, float, float]:
+    """(shared seeds, values - reference per shared seed, mean, low, high): the mean difference
+    with its 95 % Student-t bounds (nan with one seed, everything empty/nan with none).
+    Both series are indexed by seed."""
+    seeds = sorted(set(values.index) & set(reference.index))
+    diff = np.array([float(values[s]) - float(reference[s]) for s in seeds])
+    if not seeds:
+        return seeds, diff, math.nan, math.nan, math.nan
+    mean, interval = t_interval(diff)
+    low, high = (interval.low, interval.high) if interval else (math.nan, math.nan)
+    return seeds, diff, mean, low, high
+
+
 def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False) -> pd.DataFrame:
     """One row per (block, setting) with a reference run at a shared seed.
 
@@ -52,14 +65,11 @@ def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", hig
             continue
         for setting, group in block[block["setting"] != reference].groupby("setting", sort=False):
             values = group.dropna(subset=[metric]).set_index("seed")[metric]
-            seeds = sorted(set(values.index) & set(ref.index))
+            seeds, diff, mean, low, high = seed_differences(values, ref)
             if not seeds:
                 continue
-            diff = np.array([float(values[s]) - float(ref[s]) for s in seeds])
-            mean, interval = t_interval(diff)
-            low, high = (interval.low, interval.high) if interval else (math.nan, math.nan)
             wins = int((diff > 0).sum() if higher_better else (diff < 0).sum())
-            if interval is None or low <= 0.0 <= high:
+            if not math.isfinite(low) or low <= 0.0 <= high:
                 verdict = "tie"
             else:
                 verdict = "better" if (mean > 0) == higher_better else "worse"

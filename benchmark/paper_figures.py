@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import drift, uncertainty  # noqa: E402
+from .paired import seed_differences  # noqa: E402
 from .report_data import collect, primary_metric  # noqa: E402
 
 FAMILIES = {"random_prune": "random", "topk_prune": "top-k"}
@@ -212,11 +213,9 @@ def paired_differences(study: pd.DataFrame, keep: float) -> str:
     at = study[study["keep"] == keep]
     t = at[at["family"] == "top-k"].set_index("seed")["metric"]
     r = at[at["family"] == "random"].set_index("seed")["metric"]
-    seeds = sorted(set(t.index) & set(r.index))
+    seeds, diff, mean, low, high = seed_differences(t, r)
     if not seeds:
         return ""
-    diff = np.array([float(t[s_] - r[s_]) for s_ in seeds])
-    mean, low, high = t_interval(diff)
     per = ", ".join(f"seed {s_}: {d:+.1f}" for s_, d in zip(seeds, diff))
     ci = f" [{low:+.1f}, {high:+.1f}]" if np.isfinite(low) else ""
     return f"{per}; top-k better at {int((diff < 0).sum())} of {len(seeds)}; mean {mean:+.1f}{ci}"
