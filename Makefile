@@ -52,14 +52,14 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist && \
-	$(BIN)/python -m dfbench.benchmark.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
+	$(BIN)/python -m dfbench.benchmark.report.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
 bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~55 min on 2 cores), results in results/cpu-aggregation/
 	@# one torch thread per worker, as for the committed numbers; the server learning rates in the
 	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation && \
-	$(BIN)/python -m dfbench.benchmark.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
+	$(BIN)/python -m dfbench.benchmark.report.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
 
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \

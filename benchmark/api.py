@@ -1,48 +1,41 @@
-"""The notebook API behind ``dfbench.run`` / ``dfbench.make_config`` / ``dfbench.load_runs``.
+"""The notebook API behind ``dfbench.run`` / ``dfbench.make_config`` / ``dfbench.run_grid`` / ``dfbench.load_runs``.
 
-Thin, like the CLI: it builds the same validated ``RunConfig`` as ``dfbench run`` and calls the
-same library functions, so a notebook run and a command-line run of one config share a folder.
+Thin, like the CLI: it builds the same validated ``RunConfig`` as ``dfbench run`` (through the
+same flag table, benchmark/run_flags.py) and calls the same library functions, so a notebook run
+and a command-line run of one config share a folder; ``run_grid`` is ``dfbench grid``.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 
-from .config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.run_flags import FLAG_KEYS, config_from_flags
 
-# `dfbench run` flags that make_config accepts as plain keywords, with their config keys.
-FLAG_KEYS: dict[str, str] = {
-    "dataset": "data.dataset", "clients": "data.clients", "partition": "data.partition", "data_root": "data.root",
-    "rounds": "train.rounds", "local_steps": "train.local_steps", "batch_size": "train.batch_size", "lr": "train.lr",
-    "eval_samples": "eval.samples", "sampler_steps": "eval.sampler_steps", "seed": "seed", "device": "device",
-}
+if TYPE_CHECKING:  # pragma: no cover
+    from dfbench.benchmark.grid.runner import GridSummary
+
+
+def _dotted(settings: dict[str, Any], *, method_key: bool = False) -> dict[str, Any]:
+    """Plain ``dfbench run`` flag keywords -> their config keys; dotted keys pass as they are."""
+    unknown = [k for k in settings if "." not in k and k not in FLAG_KEYS and not (method_key and k == "method")]
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {sorted(unknown)}: use one of {sorted(FLAG_KEYS)} or 'method', "
+                          "or a dotted config key such as 'train.objective' or 'method.mu'")
+    return {FLAG_KEYS.get(k, k): v for k, v in settings.items()}
 
 
 def make_config(config: RunConfig | None = None, **settings: Any) -> RunConfig:
     """``config`` (default: the ``dfbench run`` defaults) with ``settings`` applied and validated."""
-    from .cli import add_run_args, config_from_args
-
     method = settings.pop("method", None)
-    unknown = [k for k in settings if "." not in k and k not in FLAG_KEYS]
-    if unknown:
-        raise ConfigError(f"unknown setting(s) {sorted(unknown)}: use one of {sorted(FLAG_KEYS)} or 'method', "
-                          "or a dotted config key such as 'train.objective' or 'method.mu'")
-    dotted = {FLAG_KEYS.get(k, k): v for k, v in settings.items()}
+    dotted = _dotted(settings)
     if config is None:
-        parser = argparse.ArgumentParser()
-        add_run_args(parser)
-        args = parser.parse_args([])
-        args.method = method or "fedavg"
-        args.overrides = list(dotted.items())
-        return config_from_args(args)
+        return config_from_flags(dotted, method or "fedavg")
     if method is not None and method != config.method:
-        config = apply_overrides(RunConfig(**{**{k: getattr(config, k) for k in (
-            "seed", "data", "train", "system", "eval", "checkpoint_every", "device")}, "method": method,
-            "method_params": {}}), {})
+        dotted = {"method": method, **dotted}  # a new method starts from its defaults; validated once, as a whole
     return apply_overrides(config, dotted)
 
 
@@ -54,14 +47,40 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
     loading ``data.dataset`` -- for tests and custom data; evaluation still compares against the
     configured dataset's reference split.
     """
-    from .loop import run as run_loop
+    from dfbench.benchmark.engine.lifecycle import run as run_loop
 
     cfg = make_config(config, **settings) if (settings or config is None) else config
     if download:
-        from .fetch import fetch_for_configs
+        from dfbench.benchmark.grid.fetch import fetch_for_configs
 
         fetch_for_configs([cfg])
     return run_loop(cfg, out, force=force, progress=progress, data=data)
+
+
+def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
+             shard: str | tuple[int, int] | None = None, retry_failed: bool = False, force: bool = False,
+             device: str | None = None, progress: bool = False, download: bool = False, data: Any = None,
+             **settings: Any) -> GridSummary:
+    """Run a grid (``dfbench grid``): its missing and unfinished cells, resumable; return the summary.
+
+    ``grid``: a shipped grid's name or a path to a .toml file. ``settings``: overrides for every
+    cell (``--set``; they change the run ids): the plain keywords of :func:`make_config`
+    (``rounds=1``), ``method`` (``"fedprox?mu=0.1"``) or dotted keys (``**{"train.lr": 2e-3}``);
+    ``device`` (``--device``) does not change the run ids. ``workers``: cooperating processes on
+    this machine (this one and ``workers - 1`` more, ``--workers``); ``data``: one loaded training
+    set for every cell (one worker only). A bad grid, key or value raises ``ConfigError`` (a
+    ``GridError`` lists every problem) and missing inputs ``MissingInputsError``, before any work.
+    """
+    from dfbench.benchmark.grid.plan import parse_shard
+    from dfbench.benchmark.grid.spec import load_grid
+    from dfbench.benchmark.grid.workers import run_with_workers
+
+    extra = _dotted(settings, method_key=True) | ({"device": device} if device is not None else {})
+    loaded = load_grid(grid, extra=extra)
+    patterns = [only] if isinstance(only, str) else list(only)
+    return run_with_workers(loaded, out, workers=workers, shard=parse_shard(shard) if isinstance(shard, str) else shard,
+                            only=patterns, retry_failed=retry_failed, force=force, progress=progress, download=download,
+                            data=data)
 
 
 def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:
@@ -74,7 +93,7 @@ def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:
     (``eval.metrics=none``, or evaluation pending) keeps one row with an empty ``metric``.
     Failed, diverged and unfinished runs are not in it (``dfbench report`` lists them with the reason).
     """
-    from .report_data import collect
+    from dfbench.benchmark.report.frames import collect
 
     data = collect(root)
     evals = data.evaluations.drop(columns=["group_key"])

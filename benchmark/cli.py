@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import ConfigError, DataConfig, EvalConfig, RunConfig, TrainConfig, apply_overrides, parse_value
+from dfbench.benchmark.core.config import ConfigError, DataConfig, EvalConfig, RunConfig, TrainConfig, parse_value
+from dfbench.benchmark.run_flags import FLAG_KEYS, config_from_flags
 
 DEFAULT_OUT = "results/runs"
 
@@ -40,22 +41,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace) -> RunConfig:
-    base = RunConfig(method="fedavg")
-    items: dict[str, Any] = {
-        "data.dataset": a.dataset, "data.clients": a.clients, "data.partition": a.partition, "data.root": a.data_root,
-        "train.rounds": a.rounds, "train.local_steps": a.local_steps, "train.batch_size": a.batch_size, "train.lr": a.lr,
-        "eval.samples": a.eval_samples, "eval.sampler_steps": a.sampler_steps, "seed": a.seed, "device": a.device,
-    }
+    items: dict[str, Any] = {key: getattr(a, dest) for dest, key in FLAG_KEYS.items()}
     items.update(dict(a.overrides))
-    method_items = {k: v for k, v in items.items() if k.startswith("method.")}
-    other = {k: v for k, v in items.items() if not k.startswith("method.")}
-    # Validate everything else first with the default method, then the method and its params.
-    cfg = apply_overrides(base, other)
-    return apply_overrides(RunConfig(**{**_fields(cfg), "method": a.method, "method_params": {}}), method_items)
-
-
-def _fields(cfg: RunConfig) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in ("seed", "data", "train", "system", "eval", "checkpoint_every", "device")}
+    return config_from_flags(items, a.method)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -63,13 +51,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.dry_run:
         print(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}, indent=2))
         return 0
-    from . import distributed
-    from .lock import LockHeld, LockLost
-    from .loop import OutOfMemory, run
-    from .results import read_status
+    from dfbench.benchmark.engine import distributed
+    from dfbench.benchmark.core.lock import LockHeld, LockLost
+    from dfbench.benchmark.engine.lifecycle import Interrupted, OutOfMemory, run
+    from dfbench.benchmark.core.runfolder import DIVERGED, STATUS, read_status
 
     if a.download:
-        from .fetch import FetchError, fetch_for_configs
+        from dfbench.benchmark.grid.fetch import FetchError, fetch_for_configs
 
         try:  # every torchrun rank may fetch: files are verified, then renamed atomically
             fetch_for_configs([cfg], progress=not a.no_progress)
@@ -87,11 +75,16 @@ def cmd_run(a: argparse.Namespace) -> int:
         # GPU ran out of memory (status "failed")
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
+    except Interrupted as err:  # exits with 128 + the signal number, as the signal itself would
+        if distributed.rank_world()[0] == 0:
+            print(f"dfbench: stopped by {err.signal_name}; the run's {STATUS} says interrupted, and the same "
+                  f"command resumes it from its newest checkpoint", file=sys.stderr)
+        raise
     if distributed.rank_world()[0] == 0:
         st = read_status(d) or {}
         if st.get("evaluation_pending"):
             print(f"note: evaluation pending: {st['evaluation_pending']}", file=sys.stderr)
-        if st.get("state") == "diverged":
+        if st.get("state") == DIVERGED:
             print(f"run diverged: {st.get('error')}", file=sys.stderr)
         print(d)
     distributed.shutdown()
@@ -99,12 +92,17 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM (Slurm preemption, `kill`) exits through Python: the run's lock is released at once
-    and its status stays "running" (resumable), instead of the lock waiting to go stale."""
+    """SIGTERM (Slurm's time limit or preemption, `kill`) exits through Python: it raises
+    lifecycle.Interrupted (a SystemExit, status 128 + 15), so the run being trained is marked
+    "interrupted" (resumable) and its lock is released at once, instead of the lock waiting to go
+    stale. A second SIGTERM while that is written is ignored (Slurm's SIGKILL still ends it)."""
     import signal
 
+    from dfbench.benchmark.engine.lifecycle import Interrupted
+
     def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+        signal.signal(signum, signal.SIG_IGN)
+        raise Interrupted(signum)
 
     signal.signal(signal.SIGTERM, stop)
 
@@ -112,7 +110,9 @@ def _exit_on_sigterm() -> None:
 def cmd_grid(a: argparse.Namespace) -> int:
     import os
 
-    from .grid import describe, load_grid, parse_shard, run_grid, select_cells
+    from dfbench.benchmark.grid.plan import describe, parse_shard, select_cells
+    from dfbench.benchmark.grid.spec import load_grid
+    from dfbench.benchmark.grid.workers import run_with_workers
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
@@ -122,81 +122,21 @@ def cmd_grid(a: argparse.Namespace) -> int:
     grid = load_grid(a.grid, extra=extra)
     shard = parse_shard(a.shard) if a.shard else None
     only = a.only or []
-    from .fetch import FetchError, MissingInputsError, describe_inputs
+    from dfbench.benchmark.grid.fetch import FetchError, MissingInputsError, describe_inputs
 
     if a.dry_run:
         selected = select_cells(grid.cells, shard=shard, only=only)
         print(describe(grid, selected, a.out, retry_failed=a.retry_failed, force=a.force))
         print(describe_inputs([c.cfg for c in selected]))
         return 0
-    if a.workers != 1:
-        return _grid_workers(a, grid, shard, only)
-    try:
-        summary = run_grid(grid, a.out, shard=shard, only=only, retry_failed=a.retry_failed, force=a.force,
-                           progress=not a.no_progress, download=a.download)
+    try:  # --workers N: N-1 more processes of the same grid, then this one works too (grid/workers.py)
+        summary = run_with_workers(grid, a.out, workers=a.workers, shard=shard, only=only, retry_failed=a.retry_failed,
+                                   force=a.force, progress=not a.no_progress, download=a.download)
     except (MissingInputsError, FetchError) as err:  # raised before the first cell
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
     print(summary.text())
-    return 0 if summary.ok else 1
-
-
-def _worker_argv(raw: Sequence[str]) -> list[str]:
-    """A grid command line without --workers and --download (the first process fetches), quiet."""
-    out: list[str] = []
-    skip = False
-    for tok in raw:
-        if skip:
-            skip = False
-        elif tok == "--workers":
-            skip = True
-        elif not (tok.startswith("--workers=") or tok == "--download"):
-            out.append(tok)
-    return out + ([] if "--no-progress" in out else ["--no-progress"])
-
-
-def worker_command(argv: list[str]) -> list[str]:
-    """The command line of one extra `--workers` process (tests swap in an instrumented one)."""
-    return [sys.executable, "-m", "dfbench", *argv]
-
-
-def _grid_workers(a: argparse.Namespace, grid: Any, shard: Any, only: list[str]) -> int:
-    """`dfbench grid --workers N`: N-1 more processes of the same command, then this one works too."""
-    import os
-    import subprocess
-
-    from .fetch import FetchError, MissingInputsError, preflight
-    from .grid import run_grid, select_cells
-
-    if a.workers < 1:
-        raise ConfigError(f"invalid value for '--workers': {a.workers}; allowed: an integer >= 1")
-    if shard is not None or a.force:
-        raise ConfigError("--workers shares the cells by locking them: drop --shard, and run --force alone "
-                          "(one process deletes the cells, then start the workers)")
-    try:  # once, before any worker starts: missing inputs stop (or, with --download, are fetched) here
-        preflight([c.cfg for c in select_cells(grid.cells, only=only)], download=a.download, check_data=True,
-                  progress=not a.no_progress)
-    except (MissingInputsError, FetchError) as err:
-        print(f"dfbench: error: {err}", file=sys.stderr)
-        return 1
-    env = dict(os.environ)
-    if "OMP_NUM_THREADS" not in env:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // a.workers))
-        import torch
-
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep instead of spinning
-    argv = worker_command(_worker_argv(getattr(a, "raw_argv", [])))
-    procs = [subprocess.Popen(argv, env=env) for _ in range(a.workers - 1)]
-    print(f"dfbench grid: {a.workers} workers on {a.out} (pids {os.getpid()} "
-          f"{' '.join(str(p.pid) for p in procs)}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", file=sys.stderr)
-    try:
-        summary = run_grid(grid, a.out, only=only, retry_failed=a.retry_failed, progress=not a.no_progress)
-    finally:
-        codes = [p.wait() for p in procs]
-    summary.refresh(a.out)  # the cells the other workers ran are finished now: report their end state
-    print(summary.text())
-    return max([0 if summary.ok else 1, *codes])
+    return summary.exit_code
 
 
 def cmd_methods(a: argparse.Namespace) -> int:
@@ -212,8 +152,15 @@ def cmd_methods(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from .report import build_report
+    from dfbench.benchmark.metrics.drift import record_missing_drift
+    from dfbench.benchmark.report.build import build_report
+    from dfbench.benchmark.report.run_folders import find_run_dirs
 
+    # The reporter only reads run folders. A run evaluated before its dense reference finished has
+    # no drift record yet: write it first (under the run's lock, as evaluation would have), then read.
+    written = record_missing_drift(find_run_dirs(a.runs))
+    if written:
+        print(f"drift recorded for {len(written)} run(s) evaluated before their dense reference was done")
     paths = build_report(a.runs, a.out)
     for k, v in paths.items():
         print(f"{k}: {v}")
@@ -221,7 +168,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_fetch(a: argparse.Namespace) -> int:
-    from .fetch import FetchError, fetch
+    from dfbench.benchmark.grid.fetch import FetchError, fetch
 
     try:
         fetch(a.names, root=a.data_root, progress=not a.no_progress)
@@ -232,7 +179,7 @@ def cmd_fetch(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from .evaluate_run import evaluate_dir
+    from dfbench.benchmark.engine.evaluate import evaluate_dir
 
     for row in evaluate_dir(a.run_dir):
         ci = f" [{row['ci_low']:.4f}, {row['ci_high']:.4f}]" if row.get("ci_low") is not None else ""
@@ -241,7 +188,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_fid(a: argparse.Namespace) -> int:
-    from .evaluation import fid_between
+    from dfbench.benchmark.metrics.scoring import fid_between
 
     out = fid_between(a.a, a.b, extractor=a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
     print(json.dumps(out, indent=2, default=str))
@@ -249,7 +196,7 @@ def cmd_fid(a: argparse.Namespace) -> int:
 
 
 def cmd_fid_ref(a: argparse.Namespace) -> int:
-    from .evaluation import get_extractor, reference_stats
+    from dfbench.benchmark.metrics.scoring import get_extractor, reference_stats
 
     # --inception-weights applies to the Inception networks only; fmnist's weights are pinned in the package
     ex = get_extractor(a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
@@ -259,7 +206,7 @@ def cmd_fid_ref(a: argparse.Namespace) -> int:
 
 
 def cmd_perf(a: argparse.Namespace) -> int:
-    from .perf import PerfOptions, parse_counts, run_perf
+    from dfbench.benchmark.perf import PerfOptions, parse_counts, run_perf
 
     opts = PerfOptions(
         device=a.device, clients=a.clients, steps=a.steps, rounds=a.rounds, batch_size=a.batch_size, preset=a.preset,
@@ -275,8 +222,8 @@ def cmd_perf(a: argparse.Namespace) -> int:
 def cmd_partition(a: argparse.Namespace) -> int:
     from dfbench import datasets
 
-    from .plots import plot_partition_heatmap
-    from .seeds import derive_seed
+    from dfbench.benchmark.report.plots import plot_partition_heatmap
+    from dfbench.benchmark.core.seeds import derive_seed
 
     data = datasets.load(a.dataset, "train", root=a.data_root)
     labels = data.labels.numpy()
@@ -319,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="results")
     rep.set_defaults(func=cmd_report)
 
-    g = sub.add_parser("grid", help="run a grid of runs (benchmark/grids/NAME.toml or a file); resumes, skips done cells",
+    g = sub.add_parser("grid", help="run a grid of runs (benchmark/grid/builtin/NAME.toml or a file); resumes, skips done cells",
                        description="Run every cell of a grid. A rerun runs missing and unfinished cells (resuming "
                                    "from their checkpoints), skips done and diverged ones, and lists failed ones. "
                                    "Several processes started on the same --out without --shard are cooperating "
@@ -415,7 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
-    args.raw_argv = raw
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:
@@ -425,6 +371,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"dfbench: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as err:
+        msg = _disk_full_message(err, args.command)
+        if msg is None:
+            raise
+        print(msg, file=sys.stderr)
+        return 1
+
+
+def _disk_full_message(err: OSError, command: str) -> str | None:
+    """One paragraph for a write that found the disk (or the quota) full; None for any other OSError."""
+    import errno
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    what = "no space left on device" if err.errno == errno.ENOSPC else "disk quota exceeded"
+    where = f"could not write {err.filename}" if err.filename else "a write failed (the error names no file)"
+    fs = f" (`df -h {Path(err.filename).parent}` shows it)" if err.filename else ""
+    if command == "run":
+        fix = (f"Free space on that filesystem{fs} or choose another --out, then rerun the same command: the run "
+               f"resumes from its last checkpoint.")
+    else:
+        fix = f"Free space on that filesystem{fs}, then rerun the same command."
+    return f"dfbench: error: {what}: {where}. {fix}"
 
 
 if __name__ == "__main__":

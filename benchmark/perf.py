@@ -2,7 +2,7 @@
 
 What it measures (all on the same device, same model preset, same batch size):
 
-(a) simulation overhead: wall time of R rounds of the real loop (`loop.train_round`:
+(a) simulation overhead: wall time of R rounds of the real loop (`training.train_round`:
     N clients x S local steps, aggregation, diagnostics) divided by the wall time of the
     same number of plain training steps of one model (a hand-written loop: the model, one
     Adam, the same objective and gradient clipping, batches drawn on the device). 1.00 means
@@ -43,13 +43,13 @@ from torch import nn
 from dfbench import datasets
 from dfbench import methods
 
-from .config import RunConfig, apply_overrides
-from .context import build_context
-from .diffusion import make_objective
-from .loop import train_round
-from .model import build_model
-from .seeds import derive_seed, torch_gen
-from .train import autocast, make_optimizer
+from dfbench.benchmark.core.config import RunConfig, apply_overrides
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.diffusion import make_objective
+from dfbench.benchmark.engine.training import train_round
+from dfbench.benchmark.engine.model import build_model
+from dfbench.benchmark.core.seeds import derive_seed, torch_gen
+from dfbench.benchmark.engine.local_step import autocast, make_optimizer
 
 DEFAULT_METHODS = ("fedavg", "random_prune", "quantized")
 
@@ -236,7 +236,7 @@ def measure_overhead(o: PerfOptions, data: datasets.ImageSet) -> list[dict[str, 
 
 def _inception_state(device: str) -> tuple[dict[str, torch.Tensor], str, Any]:
     """(state dict, note, dfbench Extractor or None): the FID weights when found, else a seeded random init."""
-    from .features import MissingWeightsError, WeightsHashError, find_weights, get_extractor, seeded_fid_inception_state_dict
+    from dfbench.benchmark.metrics.features import MissingWeightsError, WeightsHashError, find_weights, get_extractor, seeded_fid_inception_state_dict
 
     try:
         ex = get_extractor("inception", device=device)
@@ -249,7 +249,7 @@ def _inception_state(device: str) -> tuple[dict[str, torch.Tensor], str, Any]:
 
 def _dfbench_extractor(sd: dict[str, torch.Tensor], device: str) -> Any:
     """The evaluation helper's Extractor around the FID network with state dict `sd`."""
-    from . import features
+    from dfbench.benchmark.metrics import features
 
     net = features.build_fid_inception_v3()
     net.load_state_dict(sd)
@@ -268,7 +268,7 @@ def _pytorch_fid_model(sd: dict[str, torch.Tensor], device: torch.device) -> nn.
     """
     import pytorch_fid.inception as pfi
 
-    from .features import build_fid_inception_v3
+    from dfbench.benchmark.metrics.features import build_fid_inception_v3
 
     net = build_fid_inception_v3()
     net.load_state_dict(sd)
@@ -386,7 +386,7 @@ def render(rep: PerfReport) -> str:
     if rep.overhead:
         lines += [
             "## (a, b) Simulation overhead and training throughput", "",
-            "Overhead = wall time of the real loop (`loop.train_round`: clients, aggregation, diagnostics) / "
+            "Overhead = wall time of the real loop (`training.train_round`: clients, aggregation, diagnostics) / "
             "wall time of the same number of plain training steps (one model, one Adam, same objective and clipping). "
             "Target: <= 1.05.", "",
             "| run | seconds | train images/s | overhead |", "|---|---:|---:|---:|",

@@ -14,7 +14,7 @@ it was fetched; the loaders hash every file before use anyway.
 clusters whose nodes reach the internet only through an internal mirror or proxy cache.
 
 This module is the datasets package's own so that ``dfbench.datasets`` needs nothing from
-``dfbench.benchmark``; ``dfbench.benchmark.fetch`` uses it for the Inception weights as well.
+``dfbench.benchmark``; ``dfbench.benchmark.grid.fetch`` uses it for the Inception weights as well.
 """
 from __future__ import annotations
 

@@ -9,22 +9,24 @@ The notebook API (imports are lazy, so ``import dfbench`` is cheap)::
 
     import dfbench
     run_dir = dfbench.run(method="fedavg", rounds=2, local_steps=5, out="results/runs")
+    summary = dfbench.run_grid("demo", out="results/runs", workers=2)   # `dfbench grid demo --workers 2`
     frame = dfbench.load_runs("results/runs")     # one row per evaluation, config keys as columns
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from dfbench.benchmark.config import RunConfig
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.grid.runner import GridSummary
 
-__all__ = ["__version__", "make_config", "run", "load_runs"]
+__all__ = ["__version__", "make_config", "run", "run_grid", "load_runs"]
 
 
 def make_config(config: "RunConfig | None" = None, **settings: Any) -> "RunConfig":
@@ -51,6 +53,25 @@ def run(config: "RunConfig | None" = None, *, out: str | Path = "results/runs", 
     from dfbench.benchmark.api import run as _run
 
     return _run(config, out=out, force=force, progress=progress, download=download, data=data, **settings)
+
+
+def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
+             shard: "str | tuple[int, int] | None" = None, retry_failed: bool = False, force: bool = False,
+             device: str | None = None, progress: bool = False, download: bool = False, data: Any = None,
+             **settings: Any) -> "GridSummary":
+    """Run a grid, as ``dfbench grid`` does, and return its summary (``print(summary.text())``).
+
+    ``grid`` is a shipped grid's name (``"demo"``) or a .toml path; ``settings`` override every
+    cell like ``--set`` (the keywords of :func:`make_config`, ``method``, or dotted keys) and
+    ``device`` like ``--device``; ``only`` (globs), ``shard`` (``"I/N"``), ``retry_failed`` and
+    ``force`` select like their flags; ``workers=N`` runs N cooperating processes on this machine
+    (unless OMP_NUM_THREADS is set, cores/N torch threads each, this process included);
+    ``download`` fetches missing data and weights first. Done cells are skipped, so a rerun resumes.
+    """
+    from dfbench.benchmark.api import run_grid as _run_grid
+
+    return _run_grid(grid, out=out, workers=workers, only=only, shard=shard, retry_failed=retry_failed, force=force,
+                     device=device, progress=progress, download=download, data=data, **settings)
 
 
 def load_runs(root: str | Path = "results/runs") -> "pd.DataFrame":

@@ -4,7 +4,7 @@ Adding a method: write methods/<name>.py with a `Method` subclass decorated by
 `@register_method("<name>")`, then add its import below.
 """
 
-from .base import ClientPlan, Method, ServerState, Upload, masked_weighted_mean
+from .base import ClientPlan, LocalStep, Mechanism, Method, ServerState, Upload, masked_weighted_mean
 from .registry import (create_method, get_method_class, list_methods, method_config, method_families, method_help,
                        register_method)
 
@@ -18,7 +18,7 @@ from . import scaffold  # noqa: F401,E402
 from . import heterofl  # noqa: F401,E402
 
 __all__ = [
-    "ClientPlan", "Method", "ServerState", "Upload", "masked_weighted_mean",
+    "ClientPlan", "LocalStep", "Mechanism", "Method", "ServerState", "Upload", "masked_weighted_mean",
     "create_method", "get_method_class", "list_methods", "method_config", "method_families", "method_help",
     "register_method",
 ]

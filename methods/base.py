@@ -1,15 +1,47 @@
-"""The method interface: hooks the shared loop calls, with FedAvg as the default.
+"""The method protocol: the hooks the shared round calls, with FedAvg as the default.
 
-Parameters travel as ONE flat float32 vector (see `benchmark.model.Layout`), so
+Parameters travel as ONE flat float32 vector (see `benchmark.engine.model.Layout`), so
 masks, quantisation, aggregation and all_reduce are single tensor operations.
 
-Round r, as the loop sees a method (every hook has a FedAvg default):
+Round r, as the round (benchmark/engine/training.py) sees a method (every hook has a FedAvg default):
 
-    plan   = method.client_view(state, k, ctx)      start point, mask, proximal term
-    ...      the shared local training step runs S steps from plan.start ...
-    upload = method.upload(local, plan, k, state, ctx)     encode/decode, count bits
-    method.accumulate(acc, upload, ctx)               add into sums (all_reduce-able)
-    state  = method.apply(state, acc, ctx)            new server state
+    plan   = method.client_view(state, k, ctx)            start point, LocalStep, group, downlink bits
+    ...      the shared local step runs plan.step for S steps from plan.start ...
+    upload = method.upload(local, plan, k, state, ctx)    encode/decode, count bits
+    method.accumulate(acc, upload, ctx)                   add into sums (all_reduce-able)
+    state  = method.apply(state, acc, ctx)                new server state
+
+What a method may ask of the shared local step is a `LocalStep` (mask, proximal term,
+objective, the network to train, a step correction): typed fields with a general meaning,
+never a method's name. What a method cannot do is declared, not discovered mid-run:
+`batched_clients` / `several_ranks` and `check(config, run, world)`, which config validation
+calls for every RunConfig (`dfbench run`, the API, every cell of `dfbench grid --dry-run`)
+and the run's life cycle calls again with the real world size, before any data is loaded.
+What evaluation needs from a method are hooks too: `client_groups` (client -> group, e.g.
+an expert) and `sampler_label` (the name of the method's own sampler, if it has one).
+A method sees the run only through `ctx` (benchmark/engine/context.py: data, layout,
+clients, capacities, seeded generators, objectives, samplers, networks); it imports
+nothing from the engine at run time.
+
+Designed for what comes next (the places are fixed here, so a new family grows the
+protocol instead of leaking into the round):
+
+(a) Per-client state across rounds (error-feedback memory, control variates): a method
+    keeps it in ``state.extra`` through `ServerState.client_state` / `set_client_state`
+    (``extra[key][client]``). ``state.extra`` is checkpointed with the parameters and
+    restored bitwise on resume, so memory survives the rounds a client sits out (partial
+    participation) and a restart. Clients move between ranks from round to round, so a
+    method with per-client state declares ``several_ranks = False``.
+(b) Updates from an older global model (asynchronous drivers, e.g. FedBuff): a driver
+    calls the same `client_view` / `upload` / `accumulate` / `apply` hooks; it records the
+    server version the client started from in `ClientPlan.version` and sets
+    `Upload.staleness` (server versions applied since then) before `accumulate`, which
+    may weight by it. The synchronous round leaves both at 0.
+(c) Mechanisms that apply to every method (clipping each client's update and noising
+    the aggregate for differential privacy, a simulated clock): a `Mechanism` wraps the
+    accumulation from outside -- `on_upload` sees each decoded Upload (with its plan)
+    before `accumulate`, `on_aggregate` sees the all-reduced sums before `apply` -- so
+    no method knows about it. The round runs the mechanisms it is given, in order.
 """
 
 from __future__ import annotations
@@ -17,12 +49,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.context import RunContext
 
 FLOAT_BITS = 32
 
@@ -34,22 +68,44 @@ class ServerState:
     params: torch.Tensor  # flat global parameters [P] (an expert mixture holds [K, P])
     extra: dict[str, Any] = field(default_factory=dict)  # method-specific tensors / numbers
 
+    def client_state(self, key: str, client: int) -> Any:
+        """Client `client`'s entry of the per-client memory `key` (None before its first round)."""
+        return self.extra.get(key, {}).get(client)
+
+    def set_client_state(self, key: str, client: int, value: Any) -> None:
+        """Keep `value` for `client` across rounds (checkpointed in extra[key][client])."""
+        self.extra.setdefault(key, {})[client] = value
+
+
+@dataclass
+class LocalStep:
+    """What a method asks of the ONE shared local step (benchmark/engine/local_step.py) for one client."""
+
+    mask: torch.Tensor | None = None  # float 0/1 [P]: 1 = the client trains this parameter (gradient masked)
+    proximal_mu: float = 0.0  # mu/2 * ||w - start||^2 added to the local loss (a proximal term, e.g. FedProx)
+    objective: str | None = None  # None = the run's objective (an expert may differ)
+    # The network to train; its parameters must be ctx.model's (views of ctx.flat). None = ctx.model.
+    network: nn.Module | None = None
+    # [P]; after every optimizer step the parameters also move by -lr * this (e.g. a control variate)
+    step_correction: torch.Tensor | None = None
+
+    @property
+    def lockstep(self) -> bool:
+        """Can this step run in the vmapped lockstep of train.clients_mode=batched (the full model, plain steps)?"""
+        return self.network is None and self.step_correction is None
+
 
 @dataclass
 class ClientPlan:
-    """What client k starts from this round."""
+    """What client k starts from this round, and what its local step is."""
 
     start: torch.Tensor  # flat parameters [P] the client trains from (already masked if pruned)
-    mask: torch.Tensor | None = None  # float 0/1 [P]: 1 = the client trains this parameter
-    prox_mu: float = 0.0  # FedProx: mu/2 * ||w - start||^2 added to the local loss
-    objective: str | None = None  # None = the run's objective (experts may differ per expert)
-    group: int = 0  # aggregation group (expert index); 0 for federated methods
+    step: LocalStep = field(default_factory=LocalStep)
+    group: int = 0  # aggregation group (e.g. an expert's index); 0 for one global model
     downlink_bits: int = 0  # bits the server sent the client to build `start`
-    info: dict[str, float] = field(default_factory=dict)  # e.g. trained parameter count, keep ratio
-    # Optional, for methods whose client trains a different network or corrects its steps
-    # (sequential clients only; a method that sets them refuses train.clients_mode=batched):
-    model: nn.Module | None = None  # the network to train (parameters: ctx.model's, views of ctx.flat); None = ctx.model
-    step_correction: torch.Tensor | None = None  # [P]; every local step also moves y <- y - lr * this (SCAFFOLD's c - c_i)
+    trained_params: int | None = None  # parameters the client trains (its sub-model's size); None = all
+    flop_fraction: float = 1.0  # the client's compute per sample relative to the full model
+    version: int = 0  # the server version (round) `start` was built from; for asynchronous drivers
 
 
 @dataclass
@@ -66,6 +122,24 @@ class Upload:
     uplink_bits: int  # exact bits on the wire: values, scales, masks or seeds, headers
     mask: torch.Tensor | None = None
     group: int = 0
+    staleness: int = 0  # server versions applied since the client's start (0 in synchronous rounds)
+
+
+class Mechanism:
+    """Something that applies to every method from outside its hooks (see (c) above); no-op by default.
+
+    The round calls, for each mechanism in order: `on_upload(up, plan, ctx)` on every decoded
+    upload before `method.accumulate`, and `on_aggregate(acc, ctx)` on the all-reduced sums
+    before `method.apply`. State it needs across rounds goes in its own checkpointed place.
+    """
+
+    name: ClassVar[str] = "mechanism"
+
+    def on_upload(self, up: Upload, plan: ClientPlan, ctx: "RunContext") -> Upload:
+        return up
+
+    def on_aggregate(self, acc: dict[str, torch.Tensor], ctx: "RunContext") -> None:
+        return None
 
 
 def masked_weighted_mean(
@@ -104,8 +178,48 @@ class Method:
     #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean)
     aggregation: str = "covered"
 
+    # -- capabilities (declared; refused before any data is loaded) -------------------------
+    #: Can its clients train in lockstep (train.clients_mode=batched)? No when its LocalStep
+    #: sets a network or a step correction, which the vmapped step does not run.
+    batched_clients: ClassVar[bool] = True
+    #: May its clients be spread over several torch.distributed ranks? No when it keeps
+    #: per-client state across rounds (clients move between ranks from round to round).
+    several_ranks: ClassVar[bool] = True
+    #: What the method does that a missing capability cannot (the refusal says it), e.g.
+    #: "corrects every local step by a control variate".
+    needs: ClassVar[str] = ""
+
     def __init__(self, config: Any) -> None:
         self.config = config
+
+    @classmethod
+    def check(cls, config: Any, run: "RunConfig", world: int = 1) -> None:
+        """Refuse a run this method cannot do: raise ValueError naming the key and the fix.
+
+        `config` is the method's resolved Config, `run` the RunConfig, `world` the number of
+        ranks (1 during config validation; the run's life cycle calls again with the real one).
+        The default enforces the declared capabilities; a method whose support depends on its
+        hyperparameters overrides this (and calls super).
+        """
+        why = f" ({cls.needs})" if cls.needs else ""
+        if run.train.clients_mode == "batched" and not cls.batched_clients:
+            raise ValueError(f"method {cls.name!r} cannot run with train.clients_mode=batched{why}; "
+                             "use --set train.clients_mode=sequential")
+        if world > 1 and not cls.several_ranks:
+            raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}){why}; "
+                             "run it without torchrun")
+
+    # -- what evaluation needs from a method -------------------------------------------------
+    def client_groups(self, run: "RunConfig", cluster_of_client: np.ndarray | None) -> np.ndarray | None:
+        """Client -> its aggregation group (e.g. expert) for per-group quality; None = one global model.
+
+        Must be computable from the config and the partition alone (`dfbench eval` has no state).
+        """
+        return None
+
+    def sampler_label(self, run: "RunConfig") -> str | None:
+        """The name of this method's own sampler for metrics.json, or None for the run's sampler."""
+        return None
 
     # -- server ------------------------------------------------------------------
     def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
@@ -117,7 +231,8 @@ class Method:
     # -- client ------------------------------------------------------------------
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         """Encode the client's result for the wire; return what the server decodes. FedAvg: raw float32."""
-        return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=FLOAT_BITS * local.numel(), mask=plan.mask, group=plan.group)
+        return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=FLOAT_BITS * local.numel(),
+                      mask=plan.step.mask, group=plan.group)
 
     # -- aggregation (sums only, so that torch.distributed can all_reduce them) ------
     def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:

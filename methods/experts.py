@@ -5,7 +5,8 @@ between experts; a router p(cluster | x_t, t) trained on noised samples after tr
 at sampling time the experts' velocities are mixed by the router's posterior. Each
 expert may use its own objective (DDPM epsilon-prediction or flow matching); every
 prediction is converted to a velocity on the flow-matching path (Heterogeneous DDM,
-2026; see benchmark/velocity.py), so ONE velocity-space ODE sampler serves every mix.
+2026; see the velocity space of benchmark/engine/diffusion.py), so ONE velocity-space ODE
+sampler serves every mix.
 
 Clients and experts. Client c trains expert e(c): the cluster of its data when
 `data.partition` is `clusters:K` (then `num_experts` must be K, or 0 to follow the
@@ -45,15 +46,13 @@ import torch
 import torch.nn.functional as F
 
 from dfbench import datasets
-from dfbench.benchmark.diffusion import SAMPLE_BATCH
-from dfbench.benchmark.velocity import ddpm_velocity, sample_ode
-
-from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
+from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 from .router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.context import RunContext
 
 OBJECTIVES = ("ddpm", "fm")
 MIXING_HELP = "full, top1, topk:K (1 <= K <= num_experts), oracle"
@@ -157,23 +156,40 @@ class Experts(Method):
         return len(self.objectives)
 
     # -- server ------------------------------------------------------------------------------
+    @classmethod
+    def check(cls, config: "Experts.Config", run: "RunConfig", world: int = 1) -> None:
+        """What the partition and the sampler allow, before any data is loaded."""
+        super().check(config, run, world)
+        if run.eval.sampler == "ddim":
+            raise ValueError("invalid value for 'eval.sampler' with method 'experts': 'ddim'; the experts are sampled in "
+                             "velocity space, allowed: auto (heun), euler, heun")
+        spec = datasets.parse_partition(run.data.partition)
+        # the number of experts from the spec alone (clusters:K gives K; the cluster ids themselves need the data)
+        k, _ = assign_experts(config.num_experts, run.data.partition, np.zeros(run.data.clients, dtype=np.int64)
+                              if spec.kind == "clusters" else None, run.data.clients)
+        mode, topk = parse_mixing(config.mixing)
+        if mode == "topk" and topk > k:
+            raise ValueError(f"invalid value for 'method.mixing' of 'experts': {config.mixing!r}; allowed: {MIXING_HELP.replace('num_experts', str(k))}")
+
+    def client_groups(self, run: "RunConfig", cluster_of_client: np.ndarray | None) -> np.ndarray:
+        """Each client's expert (its cluster under clusters:K, else client mod K)."""
+        return assign_experts(self.config.num_experts, run.data.partition, cluster_of_client, run.data.clients)[1]
+
+    def sampler_label(self, run: "RunConfig") -> str:
+        return "euler" if run.eval.sampler == "euler" else "heun"
+
     def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
         """All experts start from the run's seeded initialisation: state.params is [K, P]."""
         cfg = self.config
         k, self.expert_of_client = assign_experts(cfg.num_experts, ctx.cfg.data.partition, ctx.partition.cluster_of_client,
                                                   ctx.num_clients)
         self.objectives = parse_objectives(cfg.objectives, k)
-        if self.mode == "topk" and self.topk > k:
-            raise ValueError(f"invalid value for 'method.mixing' of 'experts': {cfg.mixing!r}; allowed: {MIXING_HELP.replace('num_experts', str(k))}")
-        if ctx.cfg.eval.sampler == "ddim":
-            raise ValueError("invalid value for 'eval.sampler' with method 'experts': 'ddim'; the experts are sampled in "
-                             "velocity space, allowed: auto (heun), euler, heun")
         return ServerState(params=params.detach().unsqueeze(0).repeat(k, 1), extra={"intra_expert_bits": 0})
 
     def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
         e = int(self.expert_of_client[client])
         # no downlink: the client keeps training its own cluster's expert (DDM: no communication)
-        return ClientPlan(start=state.params[e], objective=self.objectives[e], group=e, downlink_bits=0, info={"expert": float(e)})
+        return ClientPlan(start=state.params[e], step=LocalStep(objective=self.objectives[e]), group=e, downlink_bits=0)
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=0, mask=None, group=plan.group)
@@ -220,7 +236,7 @@ class Experts(Method):
             "experts": {"num_experts": k, "objectives": self.objectives, "mixing": cfg.mixing,
                         "clients_per_expert": np.bincount(self.expert_of_client, minlength=k).tolist()},
             "intra_expert_bits": int(state.extra.get("intra_expert_bits", 0)),
-            "mixture_sampler": "euler" if ctx.cfg.eval.sampler == "euler" else "heun",
+            "mixture_sampler": self.sampler_label(ctx.cfg),
         }
         if k == 1:  # a single expert needs no router: every weight is 1
             self.router = None
@@ -247,10 +263,8 @@ class Experts(Method):
 
     # -- sampling ------------------------------------------------------------------------------
     def _expert_velocity(self, e: int, x: torch.Tensor, tb: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
-        """Velocity of expert e at (x, t): FM predicts it; DDPM's epsilon is converted (benchmark.velocity)."""
-        if self.objectives[e] == "fm":
-            return ctx.model(x, tb)
-        return ddpm_velocity(ctx.model, x, tb, ctx.get_objective("ddpm").abar64)
+        """Velocity of expert e at (x, t): FM predicts it; DDPM's epsilon is converted (ctx.velocity)."""
+        return ctx.velocity(ctx.model, x, tb, self.objectives[e])
 
     def expert_weights(self, x: torch.Tensor, tb: torch.Tensor) -> torch.Tensor:
         """Router posterior p(expert | x_t, t), [B, K]; exactly 1 for a single expert."""
@@ -285,7 +299,7 @@ class Experts(Method):
         return v
 
     @torch.no_grad()
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int = SAMPLE_BATCH) -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int | None = None) -> torch.Tensor:
         """One velocity-space ODE (eval.sampler: heun, or euler) for every mixing mode.
 
         oracle: two passes. Pass 1 runs the full mixture and keeps the router's top-1 expert at
@@ -294,6 +308,7 @@ class Experts(Method):
         turns out to belong to", picked without any label.
         """
         params = params.reshape(self.num_experts, -1)
+        batch = batch or ctx.sample_batch
         method = "euler" if ctx.cfg.eval.sampler == "euler" else "heun"
         steps = ctx.cfg.eval.sampler_steps
         ctx.model.eval()
@@ -304,9 +319,9 @@ class Experts(Method):
                 fixed = None
                 if self.mode == "oracle" and self.num_experts > 1:
                     record: list[torch.Tensor] = []
-                    sample_ode(lambda z, t: self.mixture_velocity(params, z, t, ctx, record=record), x, steps, method)
+                    ctx.integrate_velocity(lambda z, t: self.mixture_velocity(params, z, t, ctx, record=record), x, steps, method)
                     fixed = F.one_hot(record[-1].argmax(1), self.num_experts).to(x.dtype)
-                x = sample_ode(lambda z, t: self.mixture_velocity(params, z, t, ctx, fixed=fixed), x, steps, method)
+                x = ctx.integrate_velocity(lambda z, t: self.mixture_velocity(params, z, t, ctx, fixed=fixed), x, steps, method)
                 out.append(x.cpu())
         finally:
             ctx.model.train()

@@ -10,7 +10,7 @@ from .base import ClientPlan, Method, ServerState
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.engine.context import RunContext
 
 
 @register_method("fedavg")
@@ -36,5 +36,5 @@ class FedProx(Method):
 
     def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
         plan = super().client_view(state, client, ctx)
-        plan.prox_mu = self.config.mu
+        plan.step.proximal_mu = self.config.mu
         return plan

@@ -55,18 +55,21 @@ ctx.model at full width).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
+from dfbench.benchmark.core.parsing import parse_capacity
+
+from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.context import RunContext
 
 Aggregation = Literal["covered", "zero_fill"]
 
@@ -88,12 +91,14 @@ def block_index(full: list[int], narrow: list[int]) -> torch.Tensor:
 
 
 def _cat_blocks(net: nn.Module) -> dict[str, tuple[int, int]]:
-    """Up-path ResBlocks of a UNet -> (width of h, width of the skip) of their cat([h, skip]) input."""
-    from dfbench.benchmark.model import ResBlock
+    """Up-path ResBlocks of a UNet -> (width of h, width of the skip) of their cat([h, skip]) input.
 
+    The UNet's up path (benchmark/engine/model.py) holds, per entry, either a residual block
+    (first module with conv1/conv2) or [Upsample, Conv2d].
+    """
     out, cur = {}, net.mid[2].conv2.out_channels
     for i, blk in enumerate(net.up):
-        if isinstance(blk[0], ResBlock):
+        if not isinstance(blk[0], nn.Upsample):
             out[f"up.{i}.0"] = (cur, blk[0].conv1.in_channels - cur)
             cur = blk[0].conv2.out_channels
         else:  # [Upsample, Conv2d]
@@ -202,14 +207,12 @@ class SubModelInfo:
 
 def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubModelInfo:
     """The rate-r sub-model of the run's UNet, its flat mask, parameter count and FLOP fraction."""
-    from dfbench.benchmark.model import PRESETS, UNet, resolve_preset
-
-    spec = PRESETS[resolve_preset(ctx.cfg.train.model, ctx.cfg.data.dataset)]
-    if not isinstance(ctx.model, UNet) or ctx.model.base != spec.channels:
-        raise TypeError("heterofl slices the benchmark's UNet (benchmark/model.py); ctx.model is not the preset's UNet")
+    spec = ctx.model_spec
+    if getattr(ctx.model, "base", None) != spec.channels or not hasattr(ctx.model, "up"):
+        raise TypeError("heterofl slices the benchmark's UNet (benchmark/engine/model.py); ctx.model is not the preset's UNet")
     width = narrow_width(spec.channels, rate)
-    with torch.device("meta"):  # architecture only: functional_call supplies every parameter
-        narrow = UNet(ctx.image_shape[0], replace(spec, channels=width))
+    narrow = ctx.network_at_width(width)  # architecture only (meta device): functional_call supplies every parameter
+    with torch.device("meta"):
         # The sinusoidal time features are an input: the sub-model reads all c0 of them (the
         # narrow UNet alone would compute a different, c0'-dimensional embedding).
         narrow.base = spec.channels
@@ -226,6 +229,8 @@ def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubMo
 @register_method("heterofl")
 class HeteroFL(Method):
     """Each client trains the leading channels of every layer: a real narrower UNet."""
+
+    needs = "it trains narrower networks, and the vmapped step runs the full model"
 
     @dataclass(frozen=True)
     class Config:
@@ -245,47 +250,46 @@ class HeteroFL(Method):
         self._subs: dict[float, SubModelInfo] = {}  # per rate, built once per run
 
     def rate_for(self, client: int, ctx: "RunContext") -> float:
-        """Capacity tiers (ctx.keep_ratios) override the rate hyperparameter."""
-        return float(ctx.keep_ratios[client]) if ctx.keep_ratios is not None else float(self.config.rate)
+        """A client's capacity (system.capacity tiers, ctx.capacity) is its width rate; else method.rate."""
+        return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.rate)
+
+    @classmethod
+    def check(cls, config: "HeteroFL.Config", run: "RunConfig", world: int = 1) -> None:
+        """Batched clients only while every client trains the full width (rate 1 is FedAvg)."""
+        super().check(config, run, world)
+        tiers = parse_capacity(run.system.capacity)
+        narrowest = min(k for k, _ in tiers) if tiers else config.rate
+        if run.train.clients_mode == "batched" and narrowest < 1.0:
+            raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.needs}; narrowest "
+                             f"rate {narrowest:g}); use --set train.clients_mode=sequential")
 
     def submodel(self, rate: float, ctx: "RunContext") -> SubModelInfo:
         if rate not in self._subs:
             self._subs[rate] = build_submodel(ctx, rate, self.config.scaler)
         return self._subs[rate]
 
-    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
-        if ctx.cfg.train.clients_mode == "batched" and min(self.rate_for(k, ctx) for k in range(ctx.num_clients)) < 1.0:
-            raise ValueError("method 'heterofl' trains narrower networks, which train.clients_mode=batched does not support "
-                             "(the vmapped step runs the full model); use --set train.clients_mode=sequential")
-        return super().init_state(params, ctx)
-
     def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
         rate = self.rate_for(client, ctx)
         if rate >= 1.0:  # the full model: literally FedAvg's plan, so rate 1.0 == fedavg bitwise
             plan = super().client_view(state, client, ctx)
-            plan.info = {"rate": 1.0, "trained_params": ctx.layout.total, "flop_fraction": 1.0}
+            plan.trained_params = ctx.layout.total
             return plan
         sub = self.submodel(rate, ctx)
         # start = the global parameters: the sub-model reads only the kept entries, the rest
         # gets a zero gradient (Adam then moves nothing) and is masked out of the aggregate
-        return ClientPlan(start=state.params, mask=sub.mask, model=sub.model, downlink_bits=FLOAT_BITS * sub.trained_params,
-                          info={"rate": rate, "trained_params": sub.trained_params, "flop_fraction": sub.flop_fraction})
+        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model),
+                          downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
+                          flop_fraction=sub.flop_fraction)
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         up = super().upload(local, plan, client, state, ctx)
-        up.uplink_bits = FLOAT_BITS * int(plan.info["trained_params"])
+        up.uplink_bits = FLOAT_BITS * int(plan.trained_params)
         return up
 
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
         """Inference rule: the largest rate any client holds, with its training-time scaling."""
-        from dfbench.benchmark import diffusion
-
         rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
         if rate >= 1.0:
             return ctx.sample_single(params, noise, ctx.objective)
-        net = self.submodel(rate, ctx).model
-        ctx.flat.copy_(params)
-        obj, sampler, steps = ctx.get_objective(ctx.objective), ctx.sampler_name(ctx.objective), ctx.cfg.eval.sampler_steps
-        with torch.no_grad():
-            return torch.cat([diffusion.sample(obj, net, noise[i:i + 500].to(ctx.device), sampler, steps).cpu()
-                              for i in range(0, noise.shape[0], 500)])
+        # batches of 500, as the committed results were sampled (a batch size moves samples by ~1e-6)
+        return ctx.sample_single(params, noise, ctx.objective, batch=500, network=self.submodel(rate, ctx).model)

@@ -48,7 +48,7 @@ training are unaffected):
 Every rule returns the model unchanged when every client trains the full model (keep 1.0), so
 keep 1.0 stays bitwise FedAvg.
 
-FLOP fraction (plan.info["flop_fraction"]): the multiply-accumulates of every
+FLOP fraction (ClientPlan.flop_fraction): the multiply-accumulates of every
 conv/linear layer for one sample, each scaled by the fraction of that layer's weights
 the client keeps (unstructured sparsity realised as sparse compute), over the dense
 total. Norms, activations and the attention matmuls are not counted.
@@ -64,12 +64,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload
+from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
-    from dfbench.benchmark.model import Layout
+    from dfbench.benchmark.engine.context import RunContext
+    from dfbench.benchmark.engine.model import Layout
 
 SEED_BITS = 64
 Scope = Literal["layer", "global"]
@@ -228,8 +228,8 @@ class _SubModelPruning(Method):
         self._macs: np.ndarray | None = None
 
     def keep_for(self, client: int, ctx: "RunContext") -> float:
-        """Capacity tiers (ctx.keep_ratios) override the keep_ratio hyperparameter."""
-        return float(ctx.keep_ratios[client]) if ctx.keep_ratios is not None else float(self.config.keep_ratio)
+        """A client's capacity (system.capacity tiers, ctx.capacity) is its keep ratio; else keep_ratio."""
+        return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.keep_ratio)
 
     def prunable(self, layout: "Layout") -> list[bool]:
         return prunable_tensors(layout, self.config.prune_biases)
@@ -246,21 +246,22 @@ class _SubModelPruning(Method):
         total = ctx.layout.total
         if keep >= 1.0:  # the full model: literally FedAvg's plan, so keep 1.0 == fedavg bitwise
             plan = super().client_view(state, client, ctx)
-            plan.info = {"keep_ratio": 1.0, "trained_params": total, "flop_fraction": 1.0}
+            plan.trained_params = total
             return plan
         mask = self.make_mask(state, client, keep, ctx)
         kept = int(torch.count_nonzero(mask))
         if self._macs is None:
             self._macs = weight_macs(ctx.model, ctx.layout, ctx.image_shape, ctx.device)
-        info = {"keep_ratio": keep, "trained_params": kept, "flop_fraction": flop_fraction(mask, ctx.layout, self._macs)}
-        # start = theta * m: pruned weights are zero in the forward pass; train.py masks their gradient
-        return ClientPlan(start=state.params * mask, mask=mask, downlink_bits=FLOAT_BITS * kept + self.mask_bits(ctx.layout, "down"), info=info)
+        # start = theta * m: pruned weights are zero in the forward pass; the local step masks their gradient
+        return ClientPlan(start=state.params * mask, step=LocalStep(mask=mask),
+                          downlink_bits=FLOAT_BITS * kept + self.mask_bits(ctx.layout, "down"),
+                          trained_params=kept, flop_fraction=flop_fraction(mask, ctx.layout, self._macs))
 
     # -- inference rule ------------------------------------------------------------------
     def client_weights(self, ctx: "RunContext") -> tuple[np.ndarray, np.ndarray]:
         """(p_k, n_k / n) over all clients: the training distribution of sub-model keep ratios."""
         sizes = np.asarray(ctx.client_sizes, dtype=np.float64)
-        keeps = np.asarray(ctx.keep_ratios, dtype=np.float64) if ctx.keep_ratios is not None else np.full(len(sizes), float(self.config.keep_ratio))
+        keeps = np.asarray(ctx.capacity, dtype=np.float64) if ctx.capacity is not None else np.full(len(sizes), float(self.config.keep_ratio))
         return keeps, sizes / sizes.sum()
 
     def inference_scales(self, ctx: "RunContext") -> list[float]:
@@ -303,10 +304,10 @@ class _SubModelPruning(Method):
         return ctx.sample_single(self.inference_params(params, ctx), noise, ctx.objective)
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
-        if plan.mask is None:
+        if plan.step.mask is None:
             return super().upload(local, plan, client, state, ctx)
-        bits = FLOAT_BITS * int(plan.info["trained_params"]) + self.mask_bits(ctx.layout, "up")
-        return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=bits, mask=plan.mask, group=plan.group)
+        bits = FLOAT_BITS * int(plan.trained_params) + self.mask_bits(ctx.layout, "up")
+        return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=bits, mask=plan.step.mask, group=plan.group)
 
 
 @register_method("random_prune")

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from .base import ClientPlan, Method, ServerState, Upload
-from .quantization import MAX_BITS, MIN_BITS, ROUNDINGS, dequantize, message_bits, quantize, segment_ids
+from .minmax_codec import MAX_BITS, MIN_BITS, ROUNDINGS, dequantize, message_bits, quantize, segment_ids
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.context import RunContext
 
 RESIDUAL_KEY = "ef_residual"
 
@@ -65,13 +66,14 @@ class Quantized(Method):
         super().__init__(config)
         self._seg: torch.Tensor | None = None  # segment ids per flat entry, built once per run
 
-    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
-        if self.config.error_feedback and ctx.world > 1:
+    @classmethod
+    def check(cls, config: "Quantized.Config", run: "RunConfig", world: int = 1) -> None:
+        super().check(config, run, world)
+        if config.error_feedback and world > 1:
             # Clients move between ranks from round to round, so a residual kept on one rank
             # would be missing (or stale) on the next; refuse rather than silently drop it.
             raise ValueError("method.error_feedback=true of 'quantized' needs a single process (world size 1); "
                              "run without torchrun or set method.error_feedback=false")
-        return super().init_state(params, ctx)
 
     def _segments(self, ctx: "RunContext", device: torch.device) -> torch.Tensor:
         if self._seg is None or self._seg.device != device or self._seg.numel() != ctx.layout.total:
@@ -89,7 +91,7 @@ class Quantized(Method):
             update = update + residuals[client]
         if not bool(torch.isfinite(update).all()):
             # Undecodable message (see module docstring): the loop drops non-finite params.
-            return Upload(params=torch.full_like(local, float("nan")), weight=weight, uplink_bits=bits, mask=plan.mask, group=plan.group)
+            return Upload(params=torch.full_like(local, float("nan")), weight=weight, uplink_bits=bits, mask=plan.step.mask, group=plan.group)
         seg = self._segments(ctx, update.device)
         gen = ctx.gen("quant", ctx.round, client) if cfg.rounding == "stochastic" else None
         decoded = dequantize(quantize(update, seg, cfg.bits, cfg.rounding, gen), seg)
@@ -97,4 +99,4 @@ class Quantized(Method):
         # keep the old residual then, so one bad round cannot poison the client for good.
         if cfg.error_feedback and bool(torch.isfinite(decoded).all()):
             residuals[client] = update - decoded
-        return Upload(params=plan.start + decoded, weight=weight, uplink_bits=bits, mask=plan.mask, group=plan.group)
+        return Upload(params=plan.start + decoded, weight=weight, uplink_bits=bits, mask=plan.step.mask, group=plan.group)

@@ -7,7 +7,7 @@ import fnmatch
 import typing
 from typing import Any, Callable, Mapping, TypeVar
 
-from dfbench.benchmark.values import coerce_value
+from dfbench.benchmark.core.parsing import coerce_value
 
 from .base import Method
 

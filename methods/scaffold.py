@@ -24,10 +24,12 @@ eta_g = 1 by default, so SCAFFOLD with zero control variates is FedAvg bitwise; 
 paper's unweighted 1/N, which keeps c = mean_i c_i over all N clients. K is the client's own
 local step count (stragglers run fewer).
 
-State: c in `state.extra["scaffold_c"]`, c_i in `state.extra["scaffold_ci"]` (client -> [P];
-absent = 0), all checkpointed, so a resumed run continues bitwise. The c_i are client memory
-kept across rounds, so this needs one process (clients move between ranks). A client whose
-local result is non-finite is dropped by the loop and keeps its old c_i.
+State: c in `state.extra["scaffold_c"]`, c_i the per-client memory "scaffold_ci" of the
+protocol (`state.client_state` / `set_client_state`: client -> [P]; absent = 0), all
+checkpointed, so a resumed run continues bitwise. The c_i are client memory kept across
+rounds, so this declares one process (clients move between ranks) and sequential clients
+(the lockstep step has no step correction). A client whose local result is non-finite is
+dropped by the round and keeps its old c_i.
 
 Bits: the downlink carries x and c, the uplink Delta y_i and Delta c_i: 2 x 32 bits per
 parameter each way, twice FedAvg (the ledger shows it).
@@ -45,7 +47,7 @@ from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload, masked_we
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.engine.context import RunContext
 
 SERVER_KEY = "scaffold_c"
 CLIENT_KEY = "scaffold_ci"
@@ -62,6 +64,10 @@ class ScaffoldUpload(Upload):
 class Scaffold(Method):
     """Drift-corrected local steps with server and per-client control variates (option II)."""
 
+    batched_clients = False
+    several_ranks = False
+    needs = "it corrects every local step by c - c_i and keeps each client's control variate c_i across rounds"
+
     @dataclass(frozen=True)
     class Config:
         global_lr: float = 1.0  # eta_g
@@ -70,18 +76,9 @@ class Scaffold(Method):
             if not (math.isfinite(self.global_lr) and self.global_lr > 0):
                 raise ValueError(f"invalid value for 'method.global_lr' of 'scaffold': {self.global_lr!r}; allowed: a finite number > 0")
 
-    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
-        if ctx.world > 1:
-            raise ValueError("method 'scaffold' keeps each client's control variate c_i across rounds and needs a single "
-                             "process (world size 1); run it without torchrun")
-        if ctx.cfg.train.clients_mode == "batched":
-            raise ValueError("method 'scaffold' corrects every local step, which train.clients_mode=batched does not "
-                             "support; use --set train.clients_mode=sequential")
-        return super().init_state(params, ctx)
-
     def _variates(self, state: ServerState, client: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(c, c_i); None stands for a control variate that is still 0."""
-        return state.extra.get(SERVER_KEY), state.extra.get(CLIENT_KEY, {}).get(client)
+        return state.extra.get(SERVER_KEY), state.client_state(CLIENT_KEY, client)
 
     def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
         plan = super().client_view(state, client, ctx)
@@ -89,7 +86,7 @@ class Scaffold(Method):
         c, ci = self._variates(state, client)
         if c is not None or ci is not None:  # both 0: no correction at all (FedAvg's local steps)
             zero = torch.zeros_like(state.params)
-            plan.step_correction = (c if c is not None else zero) - (ci if ci is not None else zero)
+            plan.step.step_correction = (c if c is not None else zero) - (ci if ci is not None else zero)
         return plan
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
@@ -100,9 +97,9 @@ class Scaffold(Method):
         if c is not None:
             delta_c = delta_c - c
         if bool(torch.isfinite(delta_c).all()):  # else the loop drops this client: keep its old c_i
-            state.extra.setdefault(CLIENT_KEY, {})[client] = delta_c if ci is None else ci + delta_c
+            state.set_client_state(CLIENT_KEY, client, delta_c if ci is None else ci + delta_c)
         return ScaffoldUpload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=2 * FLOAT_BITS * local.numel(),
-                              mask=plan.mask, group=plan.group, delta_c=delta_c)
+                              mask=plan.step.mask, group=plan.group, delta_c=delta_c)
 
     def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
         acc = super().new_accumulator(state, ctx)

@@ -39,7 +39,7 @@ from .base import Method, ServerState, masked_weighted_mean
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.context import RunContext
+    from dfbench.benchmark.engine.context import RunContext
 
 MOMENT_KEY = "server_m"  # state.extra keys of the optimizer state
 SECOND_KEY = "server_v"

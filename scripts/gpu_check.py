@@ -156,7 +156,7 @@ def probe_smoke(device: str) -> dict[str, Any]:
 
     import dfbench
     from dfbench import methods
-    from dfbench.benchmark.results import load_checkpoint
+    from dfbench.benchmark.core.runfolder import load_checkpoint
     from dfbench.datasets import ImageSet
 
     g = np.random.default_rng(0)
@@ -273,7 +273,7 @@ def step_fmnist(py: str, device: str, budget: Budget, mode: str, clock: Clock) -
 
 
 def _final_params_rel_diff(py: str, a: Path, b: Path) -> str:
-    code = ("import sys; from dfbench.benchmark.results import load_checkpoint as L; "
+    code = ("import sys; from dfbench.benchmark.core.runfolder import load_checkpoint as L; "
             "x, y = (L(p)['params'].double().cpu() for p in sys.argv[1:3]); "
             "print(f'{float((x - y).abs().max() / y.abs().max()):.1e}')")
     rc, out, err, _ = run_cmd([py, "-c", code, str(a), str(b)], 60)

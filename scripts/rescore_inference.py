@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from dfbench import methods
-from dfbench.benchmark import results
-from dfbench.benchmark.config import RunConfig
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.evaluate_run import generate, save_grid, score
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.evaluate import generate, save_grid, score
 
 
 def parse_rule(text: str) -> tuple[str, dict[str, str]]:
@@ -41,10 +41,10 @@ def main() -> None:
     ap.add_argument("--rule", action="append", required=True, help="full | scaled | submodel[:KEY=VALUE,...] (repeatable)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    cfg = RunConfig.from_dict(results.read_json(args.run / "config.json"))
+    cfg = RunConfig.from_dict(runfolder.read_json(args.run / "config.json"))
     if cfg.method not in ("random_prune", "topk_prune"):
         raise SystemExit(f"{args.run} is a {cfg.method!r} run; inference rules belong to random_prune and topk_prune")
-    ck = results.load_checkpoint(args.run)
+    ck = runfolder.load_checkpoint(args.run)
     if ck is None or ck["round"] != cfg.train.rounds:
         raise SystemExit(f"{args.run} has no final checkpoint (round {cfg.train.rounds}); finish the run first")
     params = ck["ema"] if ck.get("ema") is not None else ck["params"]

@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/train_fmnist_classifier.py
 
-Writes benchmark/assets/fmnist_classifier.pt (a plain state dict) and
-benchmark/assets/fmnist_classifier.json (sha256, size, test accuracy, the
+Writes benchmark/metrics/assets/fmnist_classifier.pt (a plain state dict) and
+benchmark/metrics/assets/fmnist_classifier.json (sha256, size, test accuracy, the
 command, versions). Copy the printed sha256 into
-benchmark/features.py:FMNIST_CLASSIFIER_SHA256 when the weights change.
+benchmark/metrics/features.py:FMNIST_CLASSIFIER_SHA256 when the weights change.
 
 Deterministic: fixed seed for the initialisation and the per-epoch data order,
 torch.use_deterministic_algorithms(True), and one intra-op thread by default
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dfbench import datasets  # noqa: E402  (the project package, after the path fix above)
-from dfbench.benchmark.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier  # noqa: E402
+from dfbench.benchmark.metrics.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (1 = reproducible hash)")
     p.add_argument("--data-root", default=None, help="Fashion-MNIST folder (default: datasets' default)")
-    p.add_argument("--out", type=Path, default=ASSETS_DIR, help="output folder (default benchmark/assets)")
+    p.add_argument("--out", type=Path, default=ASSETS_DIR, help="output folder (default benchmark/metrics/assets)")
     return p.parse_args(argv)
 
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "bytes": len(payload),
         "test_accuracy": round(test_acc, 4),
         "command": command,
-        "architecture": "benchmark.features.FMNISTClassifier (3x conv3-relu-maxpool, fc 576->128, fc 128->10)",
+        "architecture": "benchmark.metrics.features.FMNISTClassifier (3x conv3-relu-maxpool, fc 576->128, fc 128->10)",
         "features": "fc1 output before ReLU, 128-d (FMNISTClassifier.embed)",
         "input_normalisation": {
             "scale": "uint8 / 255",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dfbench.benchmark.config import RunConfig, apply_overrides
+from dfbench.benchmark.core.config import RunConfig, apply_overrides
 
 TINY = {
     "data.clients": 4, "data.min_client_size": 4, "train.rounds": 2, "train.local_steps": 2, "train.batch_size": 8,
@@ -14,12 +14,34 @@ TINY = {
 
 def tiny_config(method: str = "fedavg", params: dict[str, Any] | None = None, over: dict[str, Any] | None = None) -> RunConfig:
     """A config small enough to train in about a second on one CPU core."""
-    return apply_overrides(RunConfig(method=method, method_params=params or {}), {**TINY, **(over or {})})
+    items = {"method": method, **{f"method.{k}": v for k, v in (params or {}).items()}, **TINY, **(over or {})}
+    return apply_overrides(RunConfig(), items)  # validated once, as a whole
 
 
 def final_params(run_dir: Any) -> Any:
-    from dfbench.benchmark.results import load_checkpoint
+    from dfbench.benchmark.core.runfolder import load_checkpoint
 
     ck = load_checkpoint(run_dir)
     assert ck is not None, f"no checkpoint in {run_dir}"
     return ck["params"]
+
+
+def local_train_kw(model, flat, start, images, indices, objective, *, steps, batch_size, lr, gen, mask=None, prox_mu=0.0,
+                   step_correction=None, network=None, grad_clip=0.0, probe_steps=0, amp="off", channels_last=False):
+    """`local_step.local_train` with its LocalStep and StepSettings spelled as keywords (tests only)."""
+    from dfbench.benchmark.engine.local_step import StepSettings, local_train
+    from dfbench.methods import LocalStep
+
+    step = LocalStep(mask=mask, proximal_mu=prox_mu, step_correction=step_correction, network=network)
+    settings = StepSettings(batch_size=batch_size, lr=lr, grad_clip=grad_clip, probe_steps=probe_steps, amp=amp,
+                            channels_last=channels_last)
+    return local_train(model, flat, start, images, indices, objective, step, settings, steps=steps, gen=gen)
+
+
+def lockstep_kw(model, layout, jobs, images, objective, *, steps, batch_size, lr, grad_clip=0.0, probe_steps=0, amp="off"):
+    """`batched.train_lockstep` with its StepSettings spelled as keywords (tests only)."""
+    from dfbench.benchmark.engine.batched import train_lockstep
+    from dfbench.benchmark.engine.local_step import StepSettings
+
+    settings = StepSettings(batch_size=batch_size, lr=lr, grad_clip=grad_clip, probe_steps=probe_steps, amp=amp)
+    return train_lockstep(model, layout, jobs, images, objective, settings, steps=steps)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 
 import dfbench
-from dfbench.benchmark import loop
+from dfbench.benchmark.engine import training
+from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.cli import add_run_args, config_from_args
-from dfbench.benchmark.config import ConfigError, config_hash
+from dfbench.benchmark.core.config import ConfigError, config_hash
 from helpers import TINY
 from test_report import fd, make_run
 
@@ -29,6 +31,66 @@ def test_make_config_matches_the_cli(tmp_path: Path) -> None:
     assert from_api == from_cli
     assert config_hash(from_api) == config_hash(from_cli)
     assert from_api.method_params["mu"] == 0.1 and from_api.train.rounds == 3
+
+
+def test_every_run_flag_gives_the_cli_config_and_the_flag_table_is_the_parser() -> None:
+    # prepare: every `dfbench run` flag of the one table (run_flags.FLAG_KEYS) at a value that is not its default
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.run_flags import FLAG_KEYS
+
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    defaults = parser.parse_args([])
+    assert set(vars(defaults)) == set(FLAG_KEYS) | {"method", "overrides"}
+    config = RunConfig().to_dict()
+    for dest, key in FLAG_KEYS.items():  # a flag's default is the config's: make_config() starts from RunConfig()
+        head, _, rest = key.partition(".")
+        assert getattr(defaults, dest) == (config[head][rest] if rest else config[head]), dest
+    values = {"dataset": "svhn", "clients": 6, "partition": "dirichlet:0.5", "data_root": "/tmp/data", "rounds": 2,
+              "local_steps": 3, "batch_size": 16, "lr": 0.002, "eval_samples": 100, "sampler_steps": 5, "seed": 4,
+              "device": "cuda:1"}
+    assert set(values) == set(FLAG_KEYS)
+    argv = [t for dest, v in values.items() for t in (f"--{dest.replace('_', '-')}", str(v))]
+    # execute
+    from_cli = config_from_args(parser.parse_args([*argv, "--method", "quantized", "--set", "method.bits=4"]))
+    from_api = dfbench.make_config(method="quantized", **values, **{"method.bits": 4})
+    # assert
+    assert from_api == from_cli and from_api.to_dict() == from_cli.to_dict()
+    assert dfbench.make_config() == config_from_args(defaults)
+
+
+def test_run_grid_from_python_selects_overrides_and_skips_done_cells(tmp_path: Path, tiny_data) -> None:
+    # prepare: a grid of two seeds; `only` takes one, a plain keyword overrides its rounds
+    from test_grid import write_grid
+
+    path = write_grid(tmp_path / "g.toml", {**TINY, "train.rounds": 2}, {"seed": [0, 1]})
+    out = tmp_path / "runs"
+    # execute
+    summary = dfbench.run_grid(path, out=out, only="*/1", rounds=1, data=tiny_data)
+    # assert: one cell, run with the override, done; a rerun skips it
+    assert summary.ok and [o.cell.cfg.seed for o in summary.outcomes] == [1]
+    assert [(o.ran, o.after) for o in summary.outcomes] == [(True, "done")]
+    assert summary.outcomes[0].cell.cfg == dfbench.make_config(**TINY, rounds=1, seed=1)
+    assert summary.text().startswith("grid t: 1 cell(s) selected, 1 run now; 1 done")
+    again = dfbench.run_grid(str(path), out=out, only=["*/1"], rounds=1, data=tiny_data)
+    assert [(o.ran, o.after) for o in again.outcomes] == [(False, "done")]
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"roundz": 1}, "roundz"),
+    ({"train.roundz": 1}, "train.roundz"),
+    ({"rounds": -1}, "train.rounds"),
+    ({"workers": 0}, "'--workers': 0"),
+    ({"workers": 2, "shard": "0/2"}, "--workers shares the cells"),
+    ({"shard": "2/2"}, "'--shard'"),
+])
+def test_run_grid_refuses_bad_settings_before_any_work(tmp_path: Path, kwargs: dict, named: str) -> None:
+    from test_grid import write_grid
+
+    path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]})
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        dfbench.run_grid(path, out=tmp_path / "runs", **kwargs)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_make_config_from_a_config_switches_method_and_keeps_the_rest() -> None:
@@ -76,7 +138,7 @@ def test_run_returns_the_folder_and_a_rerun_skips_training(tmp_path: Path, tiny_
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(loop, "local_train", no_training)
+    monkeypatch.setattr(training, "local_train", no_training)
     again = dfbench.run(out=tmp_path / "runs", data=tiny_data, **settings)
     # assert
     assert again == folder

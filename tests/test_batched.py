@@ -1,4 +1,4 @@
-"""Batched clients (benchmark/batched.py) against the sequential step, and the on-device samplers."""
+"""Batched clients (benchmark/engine/batched.py) against the sequential step, and the on-device samplers."""
 
 from __future__ import annotations
 
@@ -9,21 +9,20 @@ import torch
 from torch import nn
 
 from dfbench import methods
-from dfbench.benchmark.batched import (
+from dfbench.benchmark.engine.batched import (
     ClientJob,
     FunctionalAdam,
     draw_batches,
     lockstep_groups,
     noised_inputs,
-    train_lockstep,
 )
-from dfbench.benchmark.config import ConfigError, RunConfig, apply_overrides
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.diffusion import DDPM, FlowMatching
-from dfbench.benchmark.loop import train_round
-from dfbench.benchmark.seeds import torch_gen
-from dfbench.benchmark.train import clip_rows_, draw_batch, local_train
-from helpers import tiny_config
+from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
+from dfbench.benchmark.engine.training import train_round
+from dfbench.benchmark.core.seeds import torch_gen
+from dfbench.benchmark.engine.local_step import clip_rows_, draw_batch
+from helpers import local_train_kw, lockstep_kw, tiny_config
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -140,8 +139,8 @@ def test_lockstep_equals_local_train_with_mask_prox_and_clipping(tiny_data):
     # execute
     jobs = [ClientJob(start=s, indices=ctx.client_indices[k], gen=torch_gen(0, "client", 1, k), **sp)
             for k, (s, sp) in enumerate(zip(starts, specs))]
-    batched = train_lockstep(ctx.model, ctx.layout, jobs, ctx.images, obj, **kw)
-    seq = [local_train(ctx.model, ctx.flat, s, ctx.images, ctx.client_indices[k], obj, gen=torch_gen(0, "client", 1, k), **sp, **kw)
+    batched = lockstep_kw(ctx.model, ctx.layout, jobs, ctx.images, obj, **kw)
+    seq = [local_train_kw(ctx.model, ctx.flat, s, ctx.images, ctx.client_indices[k], obj, gen=torch_gen(0, "client", 1, k), **sp, **kw)
            for k, (s, sp) in enumerate(zip(starts, specs))]
     # assert: float tolerance. The FedProx client gets 1e-4: its gradient g + mu (w - w_start)
     # nearly cancels on some weights, and Adam's g / sqrt(v) turns float noise there into steps
@@ -221,7 +220,7 @@ def test_channels_last_and_bf16_train_the_same_model(tiny_data):
     obj = ctx.get_objective(None)
     out = {}
     for name, kw in {"fp32": {}, "nhwc": {"channels_last": True}, "bf16": {"amp": "bf16"}}.items():
-        out[name] = local_train(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, steps=2,
+        out[name] = local_train_kw(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, steps=2,
                                 batch_size=8, lr=1e-3, gen=torch_gen(0, "client", 1, 0), **kw)
     delta = out["fp32"].params - ctx.init_params
     assert _rel(out["nhwc"].params, out["fp32"].params) < 1e-5
@@ -235,9 +234,9 @@ def test_batched_bf16_trains_like_sequential_bf16(tiny_data):
     ctx = build_context(cfg, data=tiny_data)
     obj = ctx.get_objective(None)
     kw = dict(steps=2, batch_size=8, lr=1e-3, amp="bf16")
-    (b,) = train_lockstep(ctx.model, ctx.layout, [ClientJob(start=ctx.init_params, indices=ctx.client_indices[0],
+    (b,) = lockstep_kw(ctx.model, ctx.layout, [ClientJob(start=ctx.init_params, indices=ctx.client_indices[0],
                                                             gen=torch_gen(0, "client", 1, 0))], ctx.images, obj, **kw)
-    s = local_train(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, gen=torch_gen(0, "client", 1, 0), **kw)
+    s = local_train_kw(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, gen=torch_gen(0, "client", 1, 0), **kw)
     assert b.loss == pytest.approx(s.loss, rel=1e-2)
     delta = s.params - ctx.init_params
     assert float(((b.params - ctx.init_params) - delta).norm() / delta.norm()) < 0.5

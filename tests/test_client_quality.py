@@ -1,4 +1,4 @@
-"""benchmark.client_quality: per-client (and per-expert) Frechet distances from the samples
+"""benchmark.metrics.client_quality: per-client (and per-expert) Frechet distances from the samples
 to the clients' own images inside the cached reference subset."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dfbench.benchmark.client_quality import MIN_CLIENT_ROWS, client_distances, client_quality_rows
-from dfbench.benchmark.fid import frechet_distance
+from dfbench.benchmark.metrics.client_quality import MIN_CLIENT_ROWS, client_distances, client_quality_rows
+from dfbench.benchmark.metrics.fid import frechet_distance
 
 
 def _fd(a: np.ndarray, b: np.ndarray) -> float:
@@ -42,7 +42,7 @@ def test_distances_use_each_clients_subset_rows():
 def test_rows_report_mean_worst_and_per_expert():
     data, subset_indices, clients, samples = _setup()
     rows, note = client_quality_rows("fd_fmnist", samples, data[subset_indices], subset_indices, clients,
-                                     expert_of_client=np.array([0, 1, 1]))
+                                     group_of_client=np.array([0, 1, 1]))
     assert note is None
     mean, worst, expert = rows
     scored = [v for v in mean["per_client"] if v is not None]

@@ -1,4 +1,4 @@
-"""benchmark.coverage: class histogram, TV distance to the reference labels, low classes."""
+"""benchmark.metrics.coverage: class histogram, TV distance to the reference labels, low classes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dfbench.benchmark import coverage as cv
+from dfbench.benchmark.metrics import coverage as cv
 
 
 def test_mode_coverage_by_hand():

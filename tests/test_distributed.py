@@ -7,7 +7,7 @@ Each rank is given its OWN output root (<root>/rank<R>): that rank 1's root neve
 shows it wrote nothing and needed nothing from rank 0's folder (no shared filesystem).
 
 Starting a rank costs seconds (importing torch), so one launch runs every happy-path job
-in sequence (as a grid would in one process group) and the tests read its results.
+in sequence (as a grid would in one process group) and the tests read its runfolder.
 
 What "the same run" means here: 2 ranks add the clients' sums in another order than one
 process does, so a round's result differs in the last float32 bits (about 1e-8 relative).
@@ -34,8 +34,9 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark import distributed, results
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.engine import distributed
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
 HERE = Path(__file__).resolve().parent
@@ -79,9 +80,10 @@ def _inject_fault(kind: str, at_round: int) -> None:
     """Make this rank die (SIGKILL) or hang as it starts local training in round `at_round`."""
     import signal
 
-    import dfbench.benchmark.loop as loop
+    import dfbench.benchmark.engine.lifecycle as loop
+    import dfbench.benchmark.engine.training as training
 
-    real_train, real_round = loop.local_train, loop.train_round
+    real_train, real_round = training.local_train, loop.train_round
     current = {"round": 0}
 
     def train_round(method: Any, state: Any, ctx: Any, r: int) -> Any:
@@ -95,7 +97,7 @@ def _inject_fault(kind: str, at_round: int) -> None:
             time.sleep(3600)  # "hang": alive and silent; the test kills this process afterwards
         return real_train(*args, **kwargs)
 
-    loop.train_round, loop.local_train = train_round, local_train  # type: ignore[assignment]
+    loop.train_round, training.local_train = train_round, local_train  # type: ignore[assignment]
 
 
 # -- launching ------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _crash_in_round_2(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the in-process loop raise when round 2 starts training (leaves round 1's checkpoint)."""
-    import dfbench.benchmark.loop as loop
+    import dfbench.benchmark.engine.lifecycle as loop
 
     real_round = loop.train_round
 
@@ -244,9 +246,9 @@ def test_two_ranks_compute_the_single_process_run(two_ranks, tmp_path, tiny_data
     # prepare: the single-process reference
     cfg = tiny_config(method, params, OVER)
     single = run(cfg, tmp_path / "single", data=tiny_data, progress=False)
-    dist_dir = results.run_dir(two_ranks / "rank0", cfg)
+    dist_dir = runfolder.run_dir(two_ranks / "rank0", cfg)
     # assert: rank 0 wrote the run folder, rank 1 created nothing at all
-    assert results.read_status(dist_dir)["state"] == "done"
+    assert runfolder.read_status(dist_dir)["state"] == "done"
     assert not (two_ranks / "rank1").exists()
     # round 1 from the same initial state; round 2 from the same round-1 state (see the module doc)
     assert _rel_err(_ckpt(dist_dir, 1), _ckpt(single, 1)) <= 1e-6
@@ -262,7 +264,7 @@ def test_two_ranks_compute_the_single_process_run(two_ranks, tmp_path, tiny_data
     # disappears when the mean is rounded to float32 and the final parameters agree too
     assert _rel_err(_ckpt(dist_dir, 2), _ckpt(single, 2)) <= 1e-6
     # the rounds' bookkeeping rows agree (every rank's clients are in them)
-    a, b = results.read_rounds(dist_dir), results.read_rounds(single)
+    a, b = runfolder.read_rounds(dist_dir), runfolder.read_rounds(single)
     assert [r["clients"] for r in a] == [r["clients"] for r in b] == [[0, 1, 2, 3]] * 2
     for key in ("steps", "uplink_bits", "downlink_bits", "gamma"):
         assert [r[key] for r in a] == [r[key] for r in b], key
@@ -271,18 +273,18 @@ def test_two_ranks_compute_the_single_process_run(two_ranks, tmp_path, tiny_data
 
 def test_resume_reads_rank0_checkpoint_only_and_a_done_run_returns_on_every_rank(two_ranks, tmp_path, tiny_data):
     cfg = tiny_config(over=RESUME_OVER)
-    d = results.run_dir(two_ranks / "rank0", cfg)
+    d = runfolder.run_dir(two_ranks / "rank0", cfg)
     reference = run(cfg, tmp_path, data=tiny_data, progress=False)
     # resumed from round 1 (the checkpoint only rank 0 could read): rows not duplicated
-    assert results.read_status(d)["state"] == "done"
-    assert [r["round"] for r in results.read_rounds(d)] == [1, 2]
+    assert runfolder.read_status(d)["state"] == "done"
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1, 2]
     assert torch.equal(_ckpt(d, 1), _ckpt(reference, 1))  # round 1 was the single process's
     assert _rel_err(_ckpt(d, 2), _ckpt(reference, 2)) <= 1e-6  # round 2 is one round on 2 ranks
     # the rerun (last job) returned on both ranks: rank 1 did not go on to train alone
     logs = two_ranks / "logs"
     last = len(METHODS) + 1
     for rank in (0, 1):
-        assert f"rank {rank} job {last} returned {results.run_dir(two_ranks / f'rank{rank}', cfg)}" in (logs / f"rank{rank}.log").read_text()
+        assert f"rank {rank} job {last} returned {runfolder.run_dir(two_ranks / f'rank{rank}', cfg)}" in (logs / f"rank{rank}.log").read_text()
     assert not (two_ranks / "rank1").exists()
 
 
@@ -303,7 +305,7 @@ def test_a_dead_or_hung_rank_fails_the_run_with_a_clear_error(tmp_path, fault, t
     assert codes == [1], _logs(logs)
     assert f"rank 0 of 2: round 2's all_reduce did not complete within {timeout_s:g} s" in log0, _logs(logs)
     assert "another rank died, hung or raised; see its log" in log0
-    status = [results.read_json(p) for p in (tmp_path / "dist" / "rank0").rglob("status.json")]
+    status = [runfolder.read_json(p) for p in (tmp_path / "dist" / "rank0").rglob("status.json")]
     assert len(status) == 1 and status[0]["state"] == "failed"
     assert "round 2's all_reduce did not complete" in status[0]["error"]
 

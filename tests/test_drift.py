@@ -1,5 +1,6 @@
-"""Same-noise drift (benchmark/drift.py): distances on hand-built arrays, reference lookup, the
-evaluation hook and the reporter's fallback."""
+"""Same-noise drift (benchmark/metrics/drift.py): distances on hand-built arrays, reference lookup, the
+evaluation hook, the later record for runs evaluated before their reference, and a reporter that only
+reads it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from dfbench.benchmark import drift, loop
-from dfbench.benchmark.drift import compute_drift, feature_drift, find_reference, pixel_drift
+from dfbench.benchmark.metrics import drift
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.metrics.drift import compute_drift, feature_drift, find_reference, pixel_drift
 from helpers import tiny_config
 
 
@@ -43,7 +45,7 @@ def test_shape_mismatch_and_empty_are_clear_errors():
 
 
 def _fake_run(root: Path, method: str, params: dict, seed: int = 0, over: dict | None = None, images: np.ndarray | None = None,
-              state: str = "done") -> Path:
+              state: str = "done", metrics: dict | None = None) -> Path:
     cfg = tiny_config(method, params, {"seed": seed, **(over or {})})
     d = root / "fmnist" / "iid" / method / cfg.run_id()
     d.mkdir(parents=True)
@@ -51,7 +53,12 @@ def _fake_run(root: Path, method: str, params: dict, seed: int = 0, over: dict |
     (d / "status.json").write_text(json.dumps({"state": state}))
     if images is not None:
         np.savez_compressed(d / "samples.npz", images=images)
+    if metrics is not None:
+        (d / "metrics.json").write_text(json.dumps(metrics))
     return d
+
+
+_SCORED = {"evaluations": [{"metric": "fd_fmnist", "value": 1.0, "extractor": "fmnist"}]}
 
 
 def _images(value: int, n: int = 4) -> np.ndarray:
@@ -81,13 +88,34 @@ def test_reference_is_the_same_family_keep_one_run_else_fedavg_same_seed_and_bud
 
 def test_unfinished_reference_is_not_used(tmp_path):
     _fake_run(tmp_path, "fedavg", {}, 0, images=_images(0), state="running")
-    rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(1))
+    rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(1), metrics={"evaluations": []})
     assert find_reference(rnd) is None
-    assert drift.drift_for_report(rnd, {}) is None
+    assert drift.record_missing_drift([rnd]) == []  # nothing to compare with yet: metrics.json untouched
+    assert json.loads((rnd / "metrics.json").read_text()) == {"evaluations": []}
+
+
+def test_budget_ignores_exactly_what_is_compared_and_the_result_neutral_keys(tmp_path):
+    from dfbench.benchmark.core.config import NON_RESULT_KEYS
+
+    cfg = {"run_id": "s0-x", "version": 1, **tiny_config("random_prune", {"keep_ratio": 0.5}).to_dict()}
+    base = drift._budget(cfg)
+    # every result-neutral key of core.config, and what is compared, may differ from the reference's
+    free = [*NON_RESULT_KEYS, "method", "method_params", "system.capacity", "eval.samples", "eval.grid", "eval.metrics",
+            "run_id", "version"]
+    for key in free:
+        section, _, leaf = key.rpartition(".")
+        other = json.loads(json.dumps(cfg))
+        (other[section] if section else other)[leaf] = "changed"
+        assert drift._budget(other) == base, key
+    # anything else is part of the budget: the seed, a training or evaluation-noise setting
+    for section, leaf in ((None, "seed"), ("train", "lr"), ("eval", "noise_seed"), ("system", "participation")):
+        other = json.loads(json.dumps(cfg))
+        (other[section] if section else other)[leaf] = 12345
+        assert drift._budget(other) != base, (section, leaf)
 
 
 def test_feature_drift_in_the_classifier_space_matches_a_direct_computation(tmp_path):
-    from dfbench.benchmark.features import get_extractor
+    from dfbench.benchmark.metrics.features import get_extractor
 
     gen = np.random.default_rng(0)
     a, b = gen.integers(0, 256, (6, 1, 28, 28), dtype=np.uint8), gen.integers(0, 256, (6, 1, 28, 28), dtype=np.uint8)
@@ -99,16 +127,33 @@ def test_feature_drift_in_the_classifier_space_matches_a_direct_computation(tmp_
     expected = float(np.mean([np.sqrt(((fa[i] - fb[i]) ** 2).sum()) for i in range(6)]))
     assert rec["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
     assert rec["features"]["fmnist"] > 0
-    # the reporter reuses metrics.json's record and computes one (pixels + classifier) only when absent
-    assert drift.drift_for_report(rnd, {"drift": {"pixel": 0.5}}) == {"pixel": 0.5}
-    computed = drift.drift_for_report(rnd, {"evaluations": [{"metric": "fd_fmnist", "extractor": "fmnist"}]})
-    assert computed is not None and computed["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
+    # a run evaluated before its reference was done gets the same record written later, once
+    for d in (fed, rnd):
+        (d / "metrics.json").write_text(json.dumps(_SCORED))
+    assert drift.record_missing_drift([fed, rnd]) == [fed, rnd]  # FedAvg is its own reference (drift 0)
+    written = json.loads((rnd / "metrics.json").read_text())
+    assert written["drift"]["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
+    assert written["drift"] == json.loads(json.dumps(rec)) and written["evaluations"] == _SCORED["evaluations"]
+    assert json.loads((fed / "metrics.json").read_text())["drift"]["pixel"] == 0.0
+    assert drift.record_missing_drift([fed, rnd]) == []  # a run with a record is left as it is
+
+
+def test_missing_drift_is_not_written_while_another_process_holds_the_run(tmp_path):
+    from dfbench.benchmark.core.lock import RunLock
+
+    fed = _fake_run(tmp_path, "fedavg", {}, 0, images=_images(0), metrics=_SCORED)
+    rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(51), metrics=_SCORED)
+    with RunLock(rnd):  # e.g. `dfbench eval` rewriting it right now
+        assert drift.record_missing_drift([rnd]) == []
+    assert "drift" not in json.loads((rnd / "metrics.json").read_text()) and not (rnd / ".lock").exists()
+    assert drift.record_missing_drift([rnd]) == [rnd]  # a later call catches it
+    assert json.loads((rnd / "metrics.json").read_text())["drift"]["reference"] == str(fed.relative_to(tmp_path))
 
 
 def test_evaluation_writes_drift_into_metrics_json(tmp_path, tiny_data):
     # prepare / execute: the reference first (as a grid orders FedAvg first), then a pruned run
-    fed = loop.run(tiny_config("fedavg"), tmp_path, data=tiny_data, progress=False)
-    rnd = loop.run(tiny_config("random_prune", {"keep_ratio": 0.5}), tmp_path, data=tiny_data, progress=False)
+    fed = lifecycle.run(tiny_config("fedavg"), tmp_path, data=tiny_data, progress=False)
+    rnd = lifecycle.run(tiny_config("random_prune", {"keep_ratio": 0.5}), tmp_path, data=tiny_data, progress=False)
     # assert
     m_fed = json.loads((fed / "metrics.json").read_text())
     m_rnd = json.loads((rnd / "metrics.json").read_text())
@@ -119,16 +164,33 @@ def test_evaluation_writes_drift_into_metrics_json(tmp_path, tiny_data):
     assert m_rnd["drift"]["features"] == {}  # eval.metrics = none in tests: no extractor was used
 
 
-def test_leaderboard_has_a_drift_column_computed_from_samples(tmp_path):
-    from dfbench.benchmark.report import build_report
-    from dfbench.benchmark.report_data import collect
+def test_the_reporter_only_reads_drift_and_the_later_record_fills_the_column(tmp_path, monkeypatch):
+    from dfbench.benchmark.metrics import features
+    from dfbench.benchmark.report.build import build_report
+    from dfbench.benchmark.report.frames import collect
 
     # prepare: two scored runs without a drift record in metrics.json (e.g. the reference finished later)
+    runs = []
     for method, params, value in (("fedavg", {}, 0), ("random_prune", {"keep_ratio": 0.5}, 51)):
         d = _fake_run(tmp_path, method, params, 0, images=_images(value))
         (d / "rounds.jsonl").write_text(json.dumps({"round": 1, "clients": [0], "loss": 0.1, "w2": 0.0, "gamma": 1}) + "\n")
         (d / "metrics.json").write_text(json.dumps({"evaluations": [{"metric": "fd_fmnist", "value": 100.0 + value, "extractor": "fmnist"}], "rounds": 2}))
-    # execute
+        runs.append(d)
+    before = {d: (d / "metrics.json").read_bytes() for d in runs}
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the reporter built a feature extractor")
+
+    # execute / assert: the reporter computes nothing (no classifier is loaded), writes nothing, shows no drift
+    with monkeypatch.context() as m:
+        m.setattr(features, "get_extractor", no_network)
+        table = collect(tmp_path).table.set_index("method")
+        build_report(tmp_path, tmp_path / "report0")
+    assert table["drift_mean"].isna().all() and table["drift_pixel_mean"].isna().all()
+    assert "| drift |" not in (tmp_path / "report0" / "leaderboard.md").read_text()
+    assert {d: (d / "metrics.json").read_bytes() for d in runs} == before
+    # execute: the later record (what the grid runner calls once its cells are done), then the report
+    assert drift.record_missing_drift(runs) == runs
     table = collect(tmp_path).table.set_index("method")
     build_report(tmp_path, tmp_path / "report")
     # assert: pixel drift 51/255 for the pruned run, 0 for FedAvg itself; a drift column in the markdown

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import dfbench.benchmark.evaluation as ev
+import dfbench.benchmark.metrics.scoring as ev
 from dfbench.benchmark.cli import main
-from dfbench.benchmark.evaluate_run import evaluate_dir
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.engine.evaluate import evaluate_dir
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from dfbench.benchmark import evaluation as ev
-from dfbench.benchmark import features as fe
-from dfbench.benchmark.fid import frechet_distance, kid
+from dfbench.benchmark.metrics import scoring as ev
+from dfbench.benchmark.metrics import features as fe
+from dfbench.benchmark.metrics.fid import frechet_distance, kid
 
 ROW_KEYS = {"metric", "value", "std_err", "extractor", "extractor_sha256", "backend", "resize", "num_samples", "reference",
             "ci_low", "ci_high", "ci_level", "ci_method", "ci_replicates"}
@@ -172,6 +172,49 @@ def test_auto_on_fmnist_adds_fid_and_kid_when_inception_weights_are_found(tmp_pa
     ref = ev._reference("fmnist", "train", tiny, data_root=None, cache_dir_=tmp_path)
     expected_kid = kid(tiny.features(samples), ref["kid_features"], num_subsets=10, subset_size=50, seed=0)
     assert (by_name["kid"]["value"], by_name["kid"]["std_err"]) == pytest.approx(expected_kid, rel=1e-9)
+
+
+def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extractor_and_direction(
+        tmp_path, monkeypatch):
+    from dfbench.benchmark.metrics import table
+
+    # prepare: fmnist with (stand-in) Inception weights, quality rows, three clients in two groups
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"stand-in")
+    monkeypatch.setenv("DFBENCH_INCEPTION_WEIGHTS", str(weights))
+    real_get = ev.get_extractor
+    monkeypatch.setattr(ev, "get_extractor", lambda name, *, weights=None, device="cpu":
+                        _tiny_extractor() if name == "inception" else real_get(name, weights=weights, device=device))
+    images = _fake_images(300, seed=6)  # a reference split with ten classes, for mode coverage
+    monkeypatch.setattr(ev, "_load_dataset", lambda d, s, r: SimpleNamespace(
+        images=images, labels=torch.arange(300) % 10, sha256=s[0] * 64))
+    clients = [np.arange(0, 100), np.arange(100, 200), np.arange(200, 300)]
+    # execute
+    rows, notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, kid_subsets=5,
+                                      kid_subset_size=30, bootstrap=0, client_indices=clients,
+                                      group_of_client=np.array([0, 1, 1]), client_split_size=300)
+    # assert: the headline metrics are "auto"'s, and every row name is a table entry whose extractor
+    # and direction are the ones the row records (a row without "better" is lower-is-better)
+    names = [r["metric"] for r in rows]
+    assert names[:3] == table.auto_metrics("fmnist", True) == ["fd_fmnist", "fid", "kid"]
+    assert {"precision_fmnist", "coverage_inception", "client_fd_fmnist_worst", "client_fid_mean",
+            "expert_fd_fmnist_worst", "expert_fid_worst", "class_tv", "low_classes"} <= set(names), (names, notes)
+    for row in rows:
+        entry = table.get(row["metric"])
+        assert entry is not None, row["metric"]
+        assert row.get("better", "lower") == entry.better, row["metric"]
+        if entry.extractor is not None:
+            assert row["extractor"] == entry.extractor, row["metric"]
+    # the clients' reference split is the training split: with another one, no client row (a note)
+    test_rows, test_notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", reference_split="test",
+                                                cache_dir=tmp_path, bootstrap=0, kid_subsets=5, kid_subset_size=30,
+                                                client_indices=clients, client_split_size=300)
+    assert not [r for r in test_rows if table.get(r["metric"]).reference == "train"]
+    assert "per-client quality: needs eval.reference_split=train (the clients' split), got 'test'" in test_notes
+    # group_of_client must name a group per client
+    with pytest.raises(ValueError, match="group_of_client has 2 entries for 3 clients"):
+        ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, client_indices=clients,
+                            group_of_client=np.array([0, 1]))
 
 
 @pytest.mark.parametrize("dataset,metrics", [("cifar10", "auto"), ("svhn", ["fid"]), ("fmnist", ["fd_fmnist", "kid"])])

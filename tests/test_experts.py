@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from dfbench import methods
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.diffusion import DDPM, FlowMatching, fixed_noise
-from dfbench.benchmark.loop import run
-from dfbench.benchmark.results import load_checkpoint, read_rounds
-from dfbench.benchmark.velocity import (
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching, fixed_noise
+from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.core.runfolder import load_checkpoint, read_rounds
+from dfbench.benchmark.engine.diffusion import (
     ddpm_abar_at, ddpm_velocity, eps_to_velocity, fm_time_of_step, match_ddpm_index, sample_ode,
 )
 from dfbench.methods.router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
@@ -154,6 +154,30 @@ def test_invalid_hyperparameters_are_clear_errors(params, needle):
         tiny_config("experts", params)
 
 
+def test_impossible_expert_counts_and_samplers_are_refused_before_any_data():
+    with pytest.raises(ConfigError, match="method.num_experts.*allowed: 2 or 0"):
+        tiny_config("experts", {"num_experts": 3}, {"data.partition": "clusters:2"})
+    with pytest.raises(ConfigError, match="method.num_experts.*clusters:K"):
+        tiny_config("experts", {"num_experts": 0})
+    with pytest.raises(ConfigError, match="at most data.clients=4"):
+        tiny_config("experts", {"num_experts": 5})
+    with pytest.raises(ConfigError, match="method.mixing"):  # topk:3 of clusters:2's two experts
+        tiny_config("experts", {"num_experts": 0, "mixing": "topk:3"}, {"data.partition": "clusters:2"})
+    with pytest.raises(ConfigError, match="'eval.sampler' with method 'experts': 'ddim'"):
+        tiny_config("experts", over={"train.objective": "ddpm", "eval.sampler": "ddim"})
+
+
+def test_client_groups_and_sampler_label_need_no_state(tiny_data):
+    # the hooks evaluation calls (dfbench eval has no trained method at hand)
+    cfg = tiny_config("experts", {"num_experts": 0}, {"data.partition": "clusters:2"})
+    ctx = build_context(cfg, data=tiny_data)
+    fresh = methods.create_method("experts", num_experts=0)
+    assert np.array_equal(fresh.client_groups(cfg, ctx.partition.cluster_of_client), ctx.partition.cluster_of_client)
+    assert fresh.sampler_label(cfg) == "heun"
+    assert methods.create_method("fedavg").client_groups(cfg, ctx.partition.cluster_of_client) is None
+    assert methods.create_method("fedavg").sampler_label(cfg) is None
+
+
 def test_clients_follow_the_clusters_of_a_cluster_partition(tiny_data):
     cfg = tiny_config("experts", {"num_experts": 0}, {"data.partition": "clusters:2"})
     ctx = build_context(cfg, data=tiny_data)
@@ -163,7 +187,7 @@ def test_clients_follow_the_clusters_of_a_cluster_partition(tiny_data):
     assert np.array_equal(m.expert_of_client, ctx.partition.cluster_of_client)
     for c in range(ctx.num_clients):
         plan = m.client_view(state, c, ctx)
-        assert plan.group == ctx.partition.cluster_of_client[c] and plan.downlink_bits == 0 and plan.objective == "fm"
+        assert plan.group == ctx.partition.cluster_of_client[c] and plan.downlink_bits == 0 and plan.step.objective == "fm"
     with pytest.raises(ValueError, match="method.num_experts.*allowed: 2 or 0"):
         methods.create_method("experts", num_experts=3).init_state(ctx.init_params, ctx)
     iid = build_context(tiny_config("experts"), data=tiny_data)
@@ -310,9 +334,9 @@ def test_grid_file_cells_are_valid_configs():
     import tomllib
     from pathlib import Path
 
-    from dfbench.benchmark.config import RunConfig, apply_overrides
+    from dfbench.benchmark.core.config import RunConfig, apply_overrides
 
-    grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grids" / "experts.toml").read_text())
+    grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grid" / "builtin" / "experts.toml").read_text())
     axes = grid["axes"]
     cells = list(itertools.product(*axes.values()))
     assert len(cells) == 13 * 3 * 3
@@ -320,5 +344,5 @@ def test_grid_file_cells_are_valid_configs():
         over = {**grid["base"], **dict(zip(axes, values))}
         name, _, query = over.pop("method").partition("?")
         params = dict(kv.split("=", 1) for kv in query.split("&")) if query else {}
-        cfg = apply_overrides(RunConfig(method=name, method_params=params), over)
+        cfg = apply_overrides(RunConfig(), {"method": name, **{f"method.{k}": v for k, v in params.items()}, **over})
         assert cfg.data.clients % int(cfg.data.partition.split(":")[1]) == 0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dfbench.benchmark import fetch as F
-from dfbench.benchmark import weights as W
+from dfbench.benchmark.grid import fetch as F
+from dfbench.benchmark.metrics import weight_files as W
 from dfbench.benchmark.cli import main
 from dfbench.datasets import sources
 from http_files import serve

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dfbench.benchmark import features as fe
-from dfbench.benchmark.fid import GaussianMoments, frechet_distance, kid
+from dfbench.benchmark.metrics import features as fe
+from dfbench.benchmark.metrics.fid import GaussianMoments, frechet_distance, kid
 
 
 def _random_stats(rng: np.random.Generator, dims: int, samples: int) -> tuple[np.ndarray, np.ndarray]:

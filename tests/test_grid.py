@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from dfbench import methods
-from dfbench.benchmark import grid as G
-from dfbench.benchmark import loop
+from dfbench.benchmark.grid import plan as P, runner as R, spec as S
+from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.cli import main
-from dfbench.benchmark.config import ConfigError
+from dfbench.benchmark.core.config import ConfigError
 from helpers import TINY
 
 
@@ -28,30 +28,30 @@ def write_grid(path: Path, base: dict[str, Any], axes: dict[str, list[Any]] | No
     return path
 
 
-def seeds_grid(tmp_path: Path, rounds: int = 2) -> G.Grid:
-    return G.load_grid(write_grid(tmp_path / "three.toml", {**TINY, "train.rounds": rounds}, {"seed": [0, 1, 2]}))
+def seeds_grid(tmp_path: Path, rounds: int = 2) -> S.Grid:
+    return S.load_grid(write_grid(tmp_path / "three.toml", {**TINY, "train.rounds": rounds}, {"seed": [0, 1, 2]}))
 
 
 # -- the shipped grids -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", G.builtin_grids())
+@pytest.mark.parametrize("name", S.builtin_grids())
 def test_shipped_grid_validates(name):
-    grid = G.load_grid(name)
+    grid = S.load_grid(name)
     assert grid.cells and grid.name == name
     assert len({c.run_id for c in grid.cells}) == len(grid.cells)
 
 
 def test_demo_covers_every_method_family_and_the_baseline_within_its_budget():
-    grid = G.load_grid("demo")
+    grid = S.load_grid("demo")
     families = methods.method_families()
     assert {methods.get_method_class(c.cfg.method).family for c in grid.cells} == set(families)
     assert any(c.cfg.train.rounds == 0 for c in grid.cells)
     assert all(c.cfg.data.dataset == "fmnist" and c.cfg.data.partition == "iid" for c in grid.cells)
-    assert sum(G.estimate_cost(c.cfg).cpu_seconds for c in grid.cells) < 6 * 60
+    assert sum(P.estimate_cost(c.cfg).cpu_seconds for c in grid.cells) < 6 * 60
 
 
 def test_full_grid_is_methods_x_datasets_x_partitions_x_seeds_plus_baselines():
-    cells = G.load_grid("full").cells
+    cells = S.load_grid("full").cells
     trained = [c for c in cells if c.cfg.train.rounds > 0]
     assert {(c.cfg.data.dataset, c.cfg.data.partition, c.cfg.seed) for c in trained} == {
         (d, p, s) for d in ("fmnist", "svhn", "cifar10") for p in ("iid", "dirichlet:0.5", "dirichlet:0.1") for s in (0, 1, 2)}
@@ -62,19 +62,19 @@ def test_full_grid_is_methods_x_datasets_x_partitions_x_seeds_plus_baselines():
 # -- expansion -----------------------------------------------------------------------------------
 
 def test_method_spec_parses_values_like_set_and_round_trips():
-    assert G.parse_method("quantized?bits=4&rounding=deterministic") == ("quantized", {"bits": 4, "rounding": "deterministic"})
-    assert G.parse_method("fedprox?mu=1e-2") == ("fedprox", {"mu": 0.01})
-    assert G.format_method(*G.parse_method("fedprox?mu=0.5")) == "fedprox?mu=0.5"
+    assert S.parse_method("quantized?bits=4&rounding=deterministic") == ("quantized", {"bits": 4, "rounding": "deterministic"})
+    assert S.parse_method("fedprox?mu=1e-2") == ("fedprox", {"mu": 0.01})
+    assert S.format_method(*S.parse_method("fedprox?mu=0.5")) == "fedprox?mu=0.5"
     for bad in ("fedprox?mu", "?mu=1", "fedprox?mu=1&mu=2", 3):
         with pytest.raises(ConfigError, match="'method'"):
-            G.parse_method(bad)
+            S.parse_method(bad)
 
 
 def test_product_then_cells_with_method_parameters_and_base(tmp_path):
     path = write_grid(tmp_path / "g.toml", {**TINY, "train.lr": 0.002},
                       {"method": ["fedavg", "fedprox?mu=0.1"], "seed": [0, 1]},
                       [{"method": "fedavg", "train.rounds": 0}])
-    cells = G.load_grid(path).cells
+    cells = S.load_grid(path).cells
     assert [c.label for c in cells] == ["fmnist/iid/fedavg/0", "fmnist/iid/fedavg/1", "fmnist/iid/fedprox?mu=0.1/0",
                                         "fmnist/iid/fedprox?mu=0.1/1", "fmnist/iid/fedavg/0"]
     assert cells[2].cfg.method_params["mu"] == 0.1
@@ -84,7 +84,7 @@ def test_product_then_cells_with_method_parameters_and_base(tmp_path):
 
 def test_device_override_keeps_run_ids(tmp_path):
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0, 1]})
-    plain, cuda = G.load_grid(path), G.load_grid(path, extra={"device": "cuda"})
+    plain, cuda = S.load_grid(path), S.load_grid(path, extra={"device": "cuda"})
     assert [c.run_id for c in plain.cells] == [c.run_id for c in cuda.cells]
     assert {c.cfg.device for c in cuda.cells} == {"cuda"}
 
@@ -93,8 +93,8 @@ def test_device_override_keeps_run_ids(tmp_path):
 
 def test_unknown_keys_and_bad_method_specs_are_reported_together(tmp_path):
     path = write_grid(tmp_path / "g.toml", {**TINY, "train.roundz": 3}, {"method": ["fedavg", "fedprox?mu"], "sede": [0]})
-    with pytest.raises(G.GridError) as err:
-        G.load_grid(path)
+    with pytest.raises(S.GridError) as err:
+        S.load_grid(path)
     msg = str(err.value)
     assert "3 problem(s)" in msg
     assert "unknown key 'train.roundz' (did you mean train.rounds" in msg
@@ -106,8 +106,8 @@ def test_every_bad_cell_is_named_in_one_error_and_nothing_runs(tmp_path, capsys)
     path = write_grid(tmp_path / "g.toml", TINY,
                       {"method": ["fedavg", "nope", "fedprox?mu=-1"], "data.dataset": ["fmnist", "mnist"]},
                       [{"train.rounds": -1}, {"train.lr": 0}])
-    with pytest.raises(G.GridError) as err:
-        G.load_grid(path)
+    with pytest.raises(S.GridError) as err:
+        S.load_grid(path)
     msg = str(err.value)
     assert f"registered methods: {', '.join(methods.list_methods())}" in msg  # unknown method
     assert "invalid value for 'method.mu' of 'fedprox': -1.0; allowed: a finite number >= 0" in msg
@@ -132,43 +132,43 @@ def test_every_bad_cell_is_named_in_one_error_and_nothing_runs(tmp_path, capsys)
 def test_malformed_grid_files(tmp_path, text, needle):
     path = tmp_path / "g.toml"
     path.write_text(text)
-    with pytest.raises(G.GridError) as err:
-        G.load_grid(path)
+    with pytest.raises(S.GridError) as err:
+        S.load_grid(path)
     assert needle in str(err.value)
 
 
 def test_duplicate_cells_are_an_error(tmp_path):
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]}, [{"seed": 0}])
-    with pytest.raises(G.GridError, match="cells 0 and 1 are the same run"):
-        G.load_grid(path)
+    with pytest.raises(S.GridError, match="cells 0 and 1 are the same run"):
+        S.load_grid(path)
 
 
 def test_unknown_grid_name_lists_the_shipped_ones(tmp_path):
     with pytest.raises(ConfigError, match="shipped grids: .*demo"):
-        G.load_grid("no_such_grid")
+        S.load_grid("no_such_grid")
     with pytest.raises(FileNotFoundError):
-        G.load_grid(tmp_path / "missing.toml")
+        S.load_grid(tmp_path / "missing.toml")
 
 
 # -- selection, state, cost -----------------------------------------------------------------------
 
 def test_shards_partition_the_selection_round_robin(tmp_path):
     path = write_grid(tmp_path / "g.toml", TINY, {"method": ["fedavg", "fedprox"], "seed": [0, 1, 2, 3]})
-    cells = G.load_grid(path).cells
-    shards = [G.select_cells(cells, shard=(i, 3)) for i in range(3)]
+    cells = S.load_grid(path).cells
+    shards = [P.select_cells(cells, shard=(i, 3)) for i in range(3)]
     assert sorted(c.index for s in shards for c in s) == list(range(8))
     assert [c.index for c in shards[1]] == [1, 4, 7]
-    assert [c.index for c in G.select_cells(cells, only=["*/fedprox/*"])] == [4, 5, 6, 7]
-    assert [c.index for c in G.select_cells(cells, only=["fmnist/iid/fedavg/2", cells[7].run_id])] == [2, 7]
-    assert [c.index for c in G.select_cells(cells, only=["*/fedprox/*"], shard=(1, 2))] == [5, 7]
+    assert [c.index for c in P.select_cells(cells, only=["*/fedprox/*"])] == [4, 5, 6, 7]
+    assert [c.index for c in P.select_cells(cells, only=["fmnist/iid/fedavg/2", cells[7].run_id])] == [2, 7]
+    assert [c.index for c in P.select_cells(cells, only=["*/fedprox/*"], shard=(1, 2))] == [5, 7]
     with pytest.raises(ConfigError, match="matches no cell"):
-        G.select_cells(cells, only=["cifar10/*"])
+        P.select_cells(cells, only=["cifar10/*"])
 
 
 @pytest.mark.parametrize("text", ["1/1", "a/b", "-1/2", "2", "0/0"])
 def test_bad_shard_is_a_clear_error(text):
     with pytest.raises(ConfigError, match=r"'--shard'.*0 <= I < N"):
-        G.parse_shard(text)
+        P.parse_shard(text)
 
 
 @pytest.mark.parametrize("state,default,retry,force", [
@@ -176,9 +176,23 @@ def test_bad_shard_is_a_clear_error(text):
     ("diverged", False, False, True), ("done", False, False, True),
 ])
 def test_rerun_policy(state, default, retry, force):
-    assert G.should_run(state) is default
-    assert G.should_run(state, retry_failed=True) is retry
-    assert G.should_run(state, force=True) is force
+    assert P.should_run(state) is default
+    assert P.should_run(state, retry_failed=True) is retry
+    assert P.should_run(state, force=True) is force
+
+
+@pytest.mark.parametrize("run_state,cell_state", [
+    (None, "missing"), ("running", "unfinished"), ("interrupted", "unfinished"), ("failed", "failed"),
+    ("diverged", "diverged"), ("done", "done"),
+])
+def test_cell_state_from_the_run_state_an_interrupted_run_is_unfinished(tmp_path, run_state, cell_state):
+    from dfbench.benchmark.core import runfolder
+
+    cell = seeds_grid(tmp_path).cells[0]
+    if run_state is not None:
+        cell.folder(tmp_path / "runs").mkdir(parents=True)
+        runfolder.write_status(cell.folder(tmp_path / "runs"), run_state)
+    assert P.cell_state(tmp_path / "runs", cell) == cell_state
 
 
 def test_cost_estimate_matches_a_hand_count():
@@ -186,7 +200,7 @@ def test_cost_estimate_matches_a_hand_count():
 
     cfg = tiny_config(over={"train.rounds": 3, "train.local_steps": 10, "system.participation": 0.5,
                             "system.stragglers": 0.5, "system.straggler_steps": 0.5})
-    cost = G.estimate_cost(cfg)
+    cost = P.estimate_cost(cfg)
     # 2 of 4 clients per round; 2 clients run 10 steps, 2 stragglers 5: mean 7.5; batch 8
     assert cost.sample_grads == 3 * 2 * 7.5 * 8
     assert cost.eval_forwards == 16 * 3  # ddim: one network evaluation per step
@@ -198,7 +212,7 @@ def test_dry_run_lists_cells_and_cost_and_creates_nothing(tmp_path, capsys):
     out = tmp_path / "runs"
     assert main(["grid", str(path), "--out", str(out), "--dry-run", "--shard", "1/2"]) == 0
     text = capsys.readouterr().out
-    cells = G.load_grid(path).cells
+    cells = S.load_grid(path).cells
     assert cells[1].run_id in text and cells[0].run_id not in text
     assert "to run: 1 cell(s), 128 sample-gradient evaluations" in text  # 2 rounds x 4 clients x 2 steps x 8
     assert not out.exists()
@@ -207,15 +221,15 @@ def test_dry_run_lists_cells_and_cost_and_creates_nothing(tmp_path, capsys):
 # -- running ---------------------------------------------------------------------------------------
 
 def _record_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the seed of every cell the grid hands to loop.run."""
+    """Record the seed of every cell the grid hands to lifecycle.run."""
     seen: list[int] = []
-    real = loop.run
+    real = lifecycle.run
 
     def run(cfg, out, **kw):
         seen.append(cfg.seed)
         return real(cfg, out, **kw)
 
-    monkeypatch.setattr(loop, "run", run)
+    monkeypatch.setattr(lifecycle, "run", run)
     return seen
 
 
@@ -223,7 +237,7 @@ def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data
     grid, out = seeds_grid(tmp_path), tmp_path / "runs"
     lines: list[str] = []
     # prepare: the middle cell (seed 1) raises in its second round
-    real_round = loop.train_round
+    real_round = lifecycle.train_round
 
     def train_round(method, state, ctx, r):
         if ctx.cfg.seed == 1 and r == 2:
@@ -231,8 +245,8 @@ def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data
         return real_round(method, state, ctx, r)
 
     with monkeypatch.context() as m:
-        m.setattr(loop, "train_round", train_round)
-        summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+        m.setattr(lifecycle, "train_round", train_round)
+        summary = R.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
     # assert: the other two finished; the failure is recorded with its traceback
     assert [o.after for o in summary.outcomes] == ["done", "failed", "done"]
     assert not summary.ok and "boom in round 2" in summary.text()
@@ -242,27 +256,27 @@ def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data
     assert "no metric" in lines[0]
     # a plain rerun runs nothing: done cells are skipped, the failed one is listed
     seen = _record_runs(monkeypatch)
-    again = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+    again = R.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
     assert seen == [] and "--retry-failed" in again.text()
     # --retry-failed runs only the failed cell (resuming from its round-1 checkpoint)
-    retried = G.run_grid(grid, out, progress=False, data=tiny_data, retry_failed=True, echo=lines.append)
+    retried = R.run_grid(grid, out, progress=False, data=tiny_data, retry_failed=True, echo=lines.append)
     assert seen == [1] and retried.ok
     assert [o.ran for o in retried.outcomes] == [False, True, False]
     # --force reruns a done cell
-    G.run_grid(grid, out, progress=False, data=tiny_data, force=True, only=["*/0"], echo=lines.append)
+    R.run_grid(grid, out, progress=False, data=tiny_data, force=True, only=["*/0"], echo=lines.append)
     assert seen == [1, 0]
 
 
 def test_unfinished_and_missing_cells_run_done_and_diverged_are_skipped(tmp_path, tiny_data, monkeypatch):
-    from dfbench.benchmark import results
+    from dfbench.benchmark.core import runfolder
 
     grid, out = seeds_grid(tmp_path, rounds=1), tmp_path / "runs"
     for cell, state in zip(grid.cells, ("running", "diverged")):
         cell.folder(out).mkdir(parents=True)
-        results.write_status(cell.folder(out), state, **({"error": "nan at round 1"} if state == "diverged" else {}))
-    assert [G.cell_state(out, c) for c in grid.cells] == ["unfinished", "diverged", "missing"]
+        runfolder.write_status(cell.folder(out), state, **({"error": "nan at round 1"} if state == "diverged" else {}))
+    assert [P.cell_state(out, c) for c in grid.cells] == ["unfinished", "diverged", "missing"]
     seen = _record_runs(monkeypatch)
-    summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)
+    summary = R.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)
     assert seen == [0, 2]
     assert [o.after for o in summary.outcomes] == ["done", "diverged", "done"] and summary.ok
 
@@ -276,22 +290,22 @@ def test_cli_grid_runs_and_reports(tmp_path, tiny_data, monkeypatch, capsys):
     assert main(["grid", str(path), "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "[1/1] done" in text and "1 done" in text
-    assert G.cell_state(out, G.load_grid(path).cells[0]) == "done"
+    assert P.cell_state(out, S.load_grid(path).cells[0]) == "done"
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_cells_without_a_gpu_are_refused_before_any_run(tmp_path):
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]})
     with pytest.raises(ConfigError, match="'device': 'cuda'; allowed: cpu"):
-        G.run_grid(G.load_grid(path, extra={"device": "cuda"}), tmp_path / "runs", progress=False)
+        R.run_grid(S.load_grid(path, extra={"device": "cuda"}), tmp_path / "runs", progress=False)
     assert not (tmp_path / "runs").exists()
 
 
 # -- workers sharing one --out (locks; the multi-process tests are in tests/test_workers.py) -------
 
-def _two_lengths(tmp_path: Path) -> G.Grid:
+def _two_lengths(tmp_path: Path) -> S.Grid:
     """Cells of 1 and 2 rounds: the 2-round cells cost more."""
-    return G.load_grid(write_grid(tmp_path / "two.toml", TINY, {"train.rounds": [1, 2], "seed": [0, 1]}))
+    return S.load_grid(write_grid(tmp_path / "two.toml", TINY, {"train.rounds": [1, 2], "seed": [0, 1]}))
 
 
 def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
@@ -300,7 +314,7 @@ def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
     import subprocess
     import sys
 
-    from dfbench.benchmark.lock import LOCK_NAME, RunLock
+    from dfbench.benchmark.core.lock import LOCK_NAME, RunLock
 
     grid, out = _two_lengths(tmp_path), tmp_path / "runs"
     live = RunLock(grid.cells[0].folder(out))
@@ -310,9 +324,9 @@ def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
     stale = grid.cells[1].folder(out)
     stale.mkdir(parents=True)
     (stale / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 0, "token": "x",
-                                               "boot_id": __import__("dfbench.benchmark.lock", fromlist=["_boot_id"])._boot_id()}))
+                                               "boot_id": __import__("dfbench.benchmark.core.lock", fromlist=["_boot_id"])._boot_id()}))
     try:
-        text = G.describe(grid, grid.cells, out)
+        text = P.describe(grid, grid.cells, out)
     finally:
         live.release()
     rows = {line.split()[1]: line for line in text.splitlines() if line.split() and line.split()[0].isdigit()}
@@ -323,23 +337,23 @@ def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
 
 
 def test_a_worker_runs_longest_first_and_leaves_locked_cells_to_their_owner(tmp_path, tiny_data, monkeypatch):
-    from dfbench.benchmark.lock import RunLock
+    from dfbench.benchmark.core.lock import RunLock
 
     grid, out = _two_lengths(tmp_path), tmp_path / "runs"
     order: list[tuple[int, int]] = []
-    real = loop.run
+    real = lifecycle.run
 
     def run(cfg, out_, **kw):
         order.append((cfg.train.rounds, cfg.seed))
         assert kw["lock"].held  # the worker holds the cell's lock while it runs
         return real(cfg, out_, **kw)
 
-    monkeypatch.setattr(loop, "run", run)
+    monkeypatch.setattr(lifecycle, "run", run)
     other = RunLock(grid.cells[3].folder(out))  # 2 rounds, seed 1: another worker is on it
     other.acquire()
     lines: list[str] = []
     try:
-        summary = G.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
+        summary = R.run_grid(grid, out, progress=False, data=tiny_data, echo=lines.append)
     finally:
         other.release()
     assert order == [(2, 0), (1, 0), (1, 1)]  # longest first, ties in grid order; the locked one skipped
@@ -348,24 +362,24 @@ def test_a_worker_runs_longest_first_and_leaves_locked_cells_to_their_owner(tmp_
     assert lines[0].startswith("[1/4] done") and any(line.startswith("[2/4] busy") for line in lines)
     # --shard keeps the grid order (static split)
     order.clear()
-    G.run_grid(grid, out, shard=(0, 1), progress=False, data=tiny_data, force=True, echo=lines.append)
+    R.run_grid(grid, out, shard=(0, 1), progress=False, data=tiny_data, force=True, echo=lines.append)
     assert order == [(1, 0), (1, 1), (2, 0), (2, 1)]
 
 
 def test_a_cell_a_peer_finished_after_this_worker_started_is_not_rerun_even_with_force(tmp_path, tiny_data, monkeypatch):
-    from dfbench.benchmark import results
+    from dfbench.benchmark.core import runfolder
 
     grid, out = seeds_grid(tmp_path, rounds=1), tmp_path / "runs"
-    G.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)  # all done, before this worker
+    R.run_grid(grid, out, progress=False, data=tiny_data, echo=lambda _: None)  # all done, before this worker
     ran: list[int] = []
-    real = loop.run
+    real = lifecycle.run
 
     def run(cfg, out_, **kw):
         ran.append(cfg.seed)
         if cfg.seed == 0:  # meanwhile a peer worker of the same launch reruns seed 1 to the end
-            results.write_status(grid.cells[1].folder(out), "done")
+            runfolder.write_status(grid.cells[1].folder(out), "done")
         return real(cfg, out_, **kw)
 
-    monkeypatch.setattr(loop, "run", run)
-    G.run_grid(grid, out, progress=False, data=tiny_data, force=True, echo=lambda _: None)
+    monkeypatch.setattr(lifecycle, "run", run)
+    R.run_grid(grid, out, progress=False, data=tiny_data, force=True, echo=lambda _: None)
     assert ran == [0, 2]

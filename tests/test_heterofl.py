@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.loop import run
-from dfbench.benchmark.model import PRESETS, UNet, flatten_
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.engine.model import PRESETS, UNet, flatten_
 from dfbench.methods.pruning import weight_macs
+from dfbench.benchmark.core.config import ConfigError
 from helpers import final_params, tiny_config
 from test_serveropt import rows, sigkill_then_resume
 
@@ -132,11 +133,13 @@ def test_sampling_uses_the_largest_held_rate(tiny_data):
     assert torch.equal(method.sample(poisoned, noise, ctx), a) and torch.isfinite(a).all()
 
 
-def test_batched_mode_is_refused_before_training_when_a_client_is_narrow(tiny_data):
-    ctx = _ctx(tiny_data, **{"train.clients_mode": "batched"})
-    with pytest.raises(ValueError, match="clients_mode=sequential"):
-        methods.create_method("heterofl").init_state(ctx.init_params, ctx)
-    methods.create_method("heterofl", rate=1.0).init_state(ctx.init_params, ctx)  # rate 1 is FedAvg: allowed
+def test_batched_mode_is_refused_before_any_data_when_a_client_is_narrow():
+    # refused when the config is built (dfbench run, the API, grid --dry-run): no data is loaded
+    with pytest.raises(ConfigError, match="narrowest rate 0.5.*clients_mode=sequential"):
+        tiny_config("heterofl", over={"train.clients_mode": "batched"})
+    with pytest.raises(ConfigError, match="narrowest rate 0.25"):  # capacity tiers give the rates
+        tiny_config("heterofl", {"rate": 1.0}, {"train.clients_mode": "batched", "system.capacity": "1.0:0.5,0.25:0.5"})
+    tiny_config("heterofl", {"rate": 1.0}, {"train.clients_mode": "batched"})  # rate 1 is FedAvg: allowed
 
 
 @pytest.mark.filterwarnings("ignore:took over the stale lock")  # the killed run left its lock behind

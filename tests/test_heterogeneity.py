@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.context import assign_local_steps, assign_tiers, sample_round_clients
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.context import assign_local_steps, assign_tiers, sample_round_clients
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
 OVER = {"data.clients": 8, "data.min_client_size": 4, "train.rounds": 4, "train.local_steps": 4,

@@ -1,4 +1,9 @@
-"""The package's import graph has no circles, and no engine file is over ~500 lines.
+"""The package's import graph follows the layers and has no circles.
+
+Layers, lowest first (README "Architecture"): datasets; core + methods (the run's
+configuration, the run-folder format, the method protocol and the methods, which see the
+engine only through RunContext); metrics; engine; grid; report; the fronts (cli, api,
+perf, the top-level dfbench API). A module imports only from its own layer or below.
 
 The graph is built statically (``ast`` over the package files, relative imports
 resolved against the installed names: ``dfbench.benchmark`` is the folder
@@ -26,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _package_folders() -> dict[str, Path]:
     """Installed package name -> its folder, as pyproject.toml maps them (``package-dir``).
 
-    A subpackage without its own mapping (``dfbench.benchmark.grids``) lives in its parent's folder.
+    A subpackage without its own mapping (``dfbench.benchmark.grid.builtin``) lives in its parent's folder.
     """
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     folders: dict[str, Path] = {}
@@ -37,11 +42,53 @@ def _package_folders() -> dict[str, Path]:
 
 
 PACKAGES = _package_folders()
-MAX_LINES = 500
+
+# Lowest first. A module belongs to the layer of the longest prefix that names it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("dfbench.datasets",),
+    ("dfbench.benchmark.core", "dfbench.methods"),
+    ("dfbench.benchmark.metrics",),
+    ("dfbench.benchmark.engine",),
+    ("dfbench.benchmark.grid",),
+    ("dfbench.benchmark.report",),
+    ("dfbench", "dfbench.benchmark", "dfbench.benchmark.cli", "dfbench.benchmark.api", "dfbench.benchmark.run_flags",
+     "dfbench.benchmark.perf", "dfbench.benchmark.__main__", "dfbench.__main__"),
+)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """Index of the layer that owns `module` (the longest matching prefix wins)."""
+    best, best_len = None, -1
+    for i, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = i, len(prefix)
+    if best is None:
+        raise KeyError(f"{module} is in no layer: add it to LAYERS in tests/test_imports.py (and README Architecture)")
+    return best
+
+
+# Packages every import passes through (Python runs `dfbench/__init__.py` and
+# `benchmark/__init__.py` before any submodule): they must import nothing of the package at
+# import time (checked below), so an edge to them is no dependency on the front layer.
+PASS_THROUGH = ("dfbench", "dfbench.benchmark")
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS,
+                   pass_through: tuple[str, ...] = PASS_THROUGH) -> list[str]:
+    """Every edge importer -> imported whose target sits in a higher layer than the importer."""
+    bad = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if target in pass_through:
+                continue
+            if layer_of(target, layers) > layer_of(name, layers):
+                bad.append(f"{name} (layer {layer_of(name, layers)}) imports {target} (layer {layer_of(target, layers)})")
+    return bad
 
 
 def package_modules() -> dict[str, Path]:
-    """Every module of the package by its dotted name (``dfbench.benchmark.config`` -> its file)."""
+    """Every module of the package by its dotted name (``dfbench.benchmark.core.config`` -> its file)."""
     modules: dict[str, Path] = {}
     for package, folder in PACKAGES.items():
         for path in sorted(folder.glob("*.py")):
@@ -201,7 +248,7 @@ def test_package_import_graph_has_no_cycles(late: bool) -> None:
     graph = _strip_package_parents(import_graph(late=late))
     # the resolver sees the real tree (guards against a vacuous pass on an empty graph)
     assert "dfbench.methods.registry" in graph["dfbench.methods"]
-    assert "dfbench.benchmark.report_data" in graph["dfbench.benchmark.report"]
+    assert "dfbench.benchmark.report.frames" in graph["dfbench.benchmark.report.build"]
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle or []) + (
         " (counting imports inside functions: a late import hides a circle, it does not remove it)" if late else "")
@@ -224,7 +271,40 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "benchmark").glob("*.py")), ids=lambda p: p.name)
-def test_engine_files_stay_short(path: Path) -> None:
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (limit {MAX_LINES}): split it by concern"
+def test_upward_imports_are_found():
+    # prepare: core -> engine is upward; engine -> core and a package's own parent are not
+    layers = (("pkg.core",), ("pkg.engine",))
+    graph = {"pkg.core.config": {"pkg.engine.model"}, "pkg.engine.model": {"pkg.core.config"}, "pkg.engine.round": set()}
+    # execute / assert
+    assert upward_imports(graph, layers) == ["pkg.core.config (layer 0) imports pkg.engine.model (layer 1)"]
+    assert upward_imports({"pkg.engine.model": {"pkg.core.config"}}, layers) == []
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["module-level", "with-late-imports"])
+def test_no_module_imports_a_layer_above_its_own(late: bool) -> None:
+    graph = _strip_package_parents(import_graph(late=late))
+    # every module has a layer (a new sub-package must be placed, not silently allowed)
+    for name in graph:
+        layer_of(name)
+    assert "dfbench.benchmark.engine.training" in graph and "dfbench.methods.base" in graph  # the real tree
+    bad = upward_imports(graph)
+    assert not bad, "imports from a higher layer:\n  " + "\n  ".join(bad)
+
+
+def test_the_packages_every_import_passes_through_import_nothing_eagerly() -> None:
+    graph = _strip_package_parents(import_graph(late=False))
+    for name in PASS_THROUGH:
+        assert not graph[name], f"{name} imports {sorted(graph[name])} at import time: every dfbench import would run them"
+
+
+def test_the_layer_test_fails_on_an_upward_import(tmp_path: Path) -> None:
+    """Plant `import dfbench.benchmark.report.build` in a copy of a core module: the check must name it."""
+    modules = package_modules()
+    known = set(modules)
+    planted = tmp_path / "config.py"
+    planted.write_text(modules["dfbench.benchmark.core.config"].read_text(encoding="utf-8")
+                       + "\n\ndef _planted():\n    from dfbench.benchmark.report import build\n", encoding="utf-8")
+    graph = _strip_package_parents(import_graph(late=True))
+    graph["dfbench.benchmark.core.config"] = imported_modules("dfbench.benchmark.core.config", planted, known, late=True)
+    bad = upward_imports(graph)
+    assert any("dfbench.benchmark.core.config (layer 1) imports dfbench.benchmark.report.build" in b for b in bad), bad

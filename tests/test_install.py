@@ -99,12 +99,12 @@ def test_wheel_ships_only_dfbench_with_grids_and_classifier(installed: dict[str,
     version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
     assert {n.split("/")[0] for n in names} == {"dfbench", f"dfbench-{version}.dist-info"}
     assert top_level == ["dfbench"]
-    for name in ("dfbench/benchmark/grids/demo.toml", "dfbench/benchmark/grids/paper.toml",
-                 "dfbench/benchmark/assets/fmnist_classifier.pt", "dfbench/benchmark/assets/fmnist_classifier.json",
+    for name in ("dfbench/benchmark/grid/builtin/demo.toml", "dfbench/benchmark/grid/builtin/paper.toml",
+                 "dfbench/benchmark/metrics/assets/fmnist_classifier.pt", "dfbench/benchmark/metrics/assets/fmnist_classifier.json",
                  "dfbench/datasets/__init__.py", "dfbench/methods/registry.py", "dfbench/__main__.py"):
         assert name in names, f"{name} missing from the wheel"
-    assert sorted(n for n in names if n.startswith("dfbench/benchmark/grids/") and n.endswith(".toml")) == sorted(
-        f"dfbench/benchmark/grids/{p.name}" for p in (ROOT / "benchmark" / "grids").glob("*.toml"))
+    assert sorted(n for n in names if n.startswith("dfbench/benchmark/grid/builtin/") and n.endswith(".toml")) == sorted(
+        f"dfbench/benchmark/grid/builtin/{p.name}" for p in (ROOT / "benchmark" / "grid" / "builtin").glob("*.toml"))
 
 
 def test_install_leaves_the_stand_in_datasets_untouched(installed: dict[str, Path]) -> None:
@@ -124,7 +124,7 @@ def test_imports_in_the_fresh_venv(installed: dict[str, Path]) -> None:
         "    assert site in pathlib.Path(mod.__file__).resolve().parents, (mod.__name__, mod.__file__)\n"
         f"for name in {TOP_LEVEL_NAMES[1:]!r}:\n"
         "    assert importlib.util.find_spec(name) is None, (name, importlib.util.find_spec(name))\n"
-        "from dfbench.benchmark.grid import load_grid\n"
+        "from dfbench.benchmark.grid.spec import load_grid\n"
         "load_grid('demo')  # the built-in grid is found inside the installed package\n"
         "print('ok', len(dfbench.methods.list_methods()), dfbench.__version__)\n"
     )

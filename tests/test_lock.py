@@ -1,4 +1,4 @@
-"""Run-folder locks (benchmark/lock.py): exclusive, named owner, heartbeat, stale takeover, every exit path."""
+"""Run-folder locks (benchmark/core/lock.py): exclusive, named owner, heartbeat, stale takeover, every exit path."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfbench.benchmark import lock as L
-from dfbench.benchmark import loop, results
+from dfbench.benchmark.core import lock as L
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.core import runfolder
 from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ def test_heartbeat_refreshes_the_mtime_and_notices_a_takeover(tmp_path):
 
 CONTEND = """
 import sys, time, warnings
-from dfbench.benchmark.lock import RunLock
+from dfbench.benchmark.core.lock import RunLock
 warnings.simplefilter("ignore")
 lk = RunLock(sys.argv[1], stale_s=30)
 while time.time() < float(sys.argv[2]):
@@ -187,66 +188,66 @@ def _leftovers(d: Path) -> list[str]:
 
 def test_run_releases_its_lock_when_done_failed_or_interrupted(tmp_path, tiny_data, monkeypatch):
     cfg = tiny_config(over={"train.rounds": 2})
-    d = loop.run(cfg, tmp_path / "ok", data=tiny_data, progress=False)
-    assert results.read_status(d)["state"] == "done" and not _leftovers(d)
-    real = loop.train_round
+    d = lifecycle.run(cfg, tmp_path / "ok", data=tiny_data, progress=False)
+    assert runfolder.read_status(d)["state"] == "done" and not _leftovers(d)
+    real = lifecycle.train_round
     for exc, state in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "running")):
         def train_round(method, st, ctx, r, exc=exc):
             if r == 2:
                 raise exc
             return real(method, st, ctx, r)
 
-        monkeypatch.setattr(loop, "train_round", train_round)
+        monkeypatch.setattr(lifecycle, "train_round", train_round)
         with pytest.raises(type(exc)):
-            loop.run(cfg, tmp_path / state, data=tiny_data, progress=False)
-        d = results.run_dir(tmp_path / state, cfg)
-        assert results.read_status(d)["state"] == state and not _leftovers(d)
+            lifecycle.run(cfg, tmp_path / state, data=tiny_data, progress=False)
+        d = runfolder.run_dir(tmp_path / state, cfg)
+        assert runfolder.read_status(d)["state"] == state and not _leftovers(d)
 
 
 def test_a_locked_run_is_refused_on_entry_and_waited_for_with_wait(tmp_path, tiny_data):
     cfg = tiny_config(over={"train.rounds": 1})
-    d = results.run_dir(tmp_path, cfg)
+    d = runfolder.run_dir(tmp_path, cfg)
     other = L.RunLock(d)
     other.acquire()
     with pytest.raises(L.LockHeld, match=f"pid {os.getpid()}"):
-        loop.run(cfg, tmp_path, data=tiny_data, progress=False)
+        lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False)
     assert sorted(p.name for p in d.iterdir()) == [L.LOCK_NAME]  # nothing was written
     # --wait: polls until the owner releases, then runs
     import threading
 
     threading.Timer(0.5, other.release).start()
     t0 = time.perf_counter()
-    assert loop.run(cfg, tmp_path, data=tiny_data, progress=False, wait=True) == d
-    assert time.perf_counter() - t0 >= 0.4 and results.read_status(d)["state"] == "done"
+    assert lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False, wait=True) == d
+    assert time.perf_counter() - t0 >= 0.4 and runfolder.read_status(d)["state"] == "done"
 
 
 def test_gpu_out_of_memory_fails_the_run_naming_the_settings_and_leaves_nothing_behind(tmp_path, tiny_data, monkeypatch):
     # prepare: the training step runs out of GPU memory in round 2 (raised on the CPU)
     cfg = tiny_config(over={"train.rounds": 3, "train.batch_size": 8, "train.clients_mode": "batched", "train.client_batch": 2,
                              "checkpoint_every": 1})
-    import dfbench.benchmark.batched as batched
+    import dfbench.benchmark.engine.batched as batched
 
     real = batched.train_clients
 
-    def train_clients(ctx, plans, r):
+    def train_clients(ctx, plans, r, settings):
         if r == 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(ctx, plans, r)
+        return real(ctx, plans, r, settings)
 
     monkeypatch.setattr(batched, "train_clients", train_clients)
     # execute
-    with pytest.raises(loop.OutOfMemory) as err:
-        loop.run(cfg, tmp_path, data=tiny_data, progress=False)
+    with pytest.raises(lifecycle.OutOfMemory) as err:
+        lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False)
     # assert: failed, with what to lower and their current values; round 1 kept; no lock, no temp file
-    d = results.run_dir(tmp_path, cfg)
-    status = results.read_status(d)
+    d = runfolder.run_dir(tmp_path, cfg)
+    status = runfolder.read_status(d)
     assert status["state"] == "failed" and status["error"].startswith("OutOfMemory: out of GPU memory on cpu")
     for needle in ("train.batch_size (now 8)", "train.model (now 'tiny' = tiny", "train.client_batch", "(now 2)",
                    "--set train.batch_size=4", "Tried to allocate 2.00 GiB"):
         assert needle in str(err.value) and needle in status["error"], needle
     assert "\n" not in str(err.value)
-    assert [r["round"] for r in results.read_rounds(d)] == [1]
-    assert results.load_checkpoint(d)["round"] == 1
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1]
+    assert runfolder.load_checkpoint(d)["round"] == 1
     assert not _leftovers(d)
 
 
@@ -254,8 +255,8 @@ def test_a_run_whose_lock_was_taken_over_stops_writing(tmp_path, tiny_data, monk
     # prepare: in round 2 another process presumes this one dead and takes its lock over
     monkeypatch.setenv(L.STALE_ENV, "2")  # heartbeat every 0.2 s
     cfg = tiny_config(over={"train.rounds": 3, "checkpoint_every": 1})
-    d = results.run_dir(tmp_path, cfg)
-    real = loop.train_round
+    d = runfolder.run_dir(tmp_path, cfg)
+    real = lifecycle.train_round
 
     def train_round(method, st, ctx, r):
         if r == 2:
@@ -264,10 +265,10 @@ def test_a_run_whose_lock_was_taken_over_stops_writing(tmp_path, tiny_data, monk
             time.sleep(0.6)  # the owner's heartbeat sees the new token
         return real(method, st, ctx, r)
 
-    monkeypatch.setattr(loop, "train_round", train_round)
+    monkeypatch.setattr(lifecycle, "train_round", train_round)
     # execute / assert: it stops before writing round 2, leaves the status and the thief's lock alone
     with pytest.raises(L.LockLost, match="taken over by another process"):
-        loop.run(cfg, tmp_path, data=tiny_data, progress=False)
-    assert [r["round"] for r in results.read_rounds(d)] == [1]
-    assert results.read_status(d)["state"] == "running"
+        lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False)
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1]
+    assert runfolder.read_status(d)["state"] == "running"
     assert L.read_lock(d).token == "thief"

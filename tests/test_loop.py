@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.loop import run
-from dfbench.benchmark.seeds import torch_gen
-from dfbench.benchmark.train import local_train
-from helpers import final_params, tiny_config
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.core.seeds import torch_gen
+from helpers import final_params, local_train_kw, tiny_config
 
 
 def test_fedavg_one_client_equals_plain_local_training(tmp_path, tiny_data):
@@ -24,7 +23,7 @@ def test_fedavg_one_client_equals_plain_local_training(tmp_path, tiny_data):
     d = run(cfg, tmp_path, data=tiny_data, progress=False)
     ctx = build_context(cfg, data=tiny_data)
     obj = ctx.get_objective(None)
-    plain = local_train(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, steps=5,
+    plain = local_train_kw(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], obj, steps=5,
                         batch_size=cfg.train.batch_size, lr=cfg.train.lr, gen=torch_gen(cfg.seed, "client", 1, 0),
                         grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps)
     # assert: bitwise
@@ -99,7 +98,7 @@ def test_run_folder_contents_and_same_seed_same_grid(tmp_path, tiny_data):
 
 
 def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
-    from dfbench.benchmark.diffusion import fixed_noise
+    from dfbench.benchmark.engine.diffusion import fixed_noise
 
     a = fixed_noise(10, (1, 4, 4), base=0)
     b = torch.cat([fixed_noise(4, (1, 4, 4), base=0), fixed_noise(6, (1, 4, 4), base=0, start=4)])
@@ -110,7 +109,7 @@ def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
 def test_samples_barely_depend_on_the_sampling_batch(tiny_data):
     # the sampling batch (diffusion.SAMPLE_BATCH) is a speed knob: an image's sample depends on its
     # batch neighbours only through the convolution kernel's choice of algorithm (float rounding)
-    from dfbench.benchmark.diffusion import SAMPLE_BATCH, fixed_noise
+    from dfbench.benchmark.engine.diffusion import SAMPLE_BATCH, fixed_noise
 
     cfg = tiny_config(over={"train.objective": "fm", "eval.sampler_steps": 2})
     ctx = build_context(cfg, data=tiny_data)

@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from dfbench.benchmark import loop
-from dfbench.benchmark.config import NON_RESULT_KEYS, ConfigError, TrainConfig, config_hash, round_lr
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.seeds import torch_gen
-from dfbench.benchmark.train import local_train
-from helpers import final_params, tiny_config
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.engine import training
+from dfbench.benchmark.core.config import NON_RESULT_KEYS, ConfigError, TrainConfig, config_hash, round_lr
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.core.seeds import torch_gen
+from helpers import final_params, local_train_kw, tiny_config
 
 
 def test_cosine_decay_matches_hand_computed_values():
@@ -55,15 +55,15 @@ def test_default_decay_leaves_run_ids_unchanged():
 
 def test_loop_trains_each_round_at_its_decayed_rate(tmp_path, tiny_data, monkeypatch):
     seen: list[float] = []
-    real = loop.local_train
+    real = training.local_train
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["lr"])
+        seen.append(args[7].lr)  # the StepSettings of the round
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "local_train", spy)
+    monkeypatch.setattr(training, "local_train", spy)
     cfg = tiny_config(over={"data.clients": 1, "train.rounds": 3, "train.lr": 0.004, "train.lr_decay": "cosine"})
-    loop.run(cfg, tmp_path, data=tiny_data, progress=False)
+    lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False)
     want = [0.004 * (1 + math.cos(math.pi * r / 3)) / 2 for r in range(3)]
     assert seen == pytest.approx(want, rel=1e-12)
 
@@ -71,12 +71,12 @@ def test_loop_trains_each_round_at_its_decayed_rate(tmp_path, tiny_data, monkeyp
 def test_decayed_round_equals_plain_training_at_that_rate(tmp_path, tiny_data):
     # two rounds, one client: round 2 continues from round 1 at lr * (1 + cos(pi / 2)) / 2 = lr / 2
     cfg = tiny_config(over={"data.clients": 1, "train.rounds": 2, "train.local_steps": 3, "train.lr_decay": "cosine"})
-    d = loop.run(cfg, tmp_path, data=tiny_data, progress=False)
+    d = lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False)
     ctx = build_context(cfg, data=tiny_data)
     obj = ctx.get_objective(None)
     params = ctx.init_params
     for r, lr in ((1, cfg.train.lr), (2, cfg.train.lr / 2)):
-        params = local_train(ctx.model, ctx.flat, params, ctx.images, ctx.client_indices[0], obj, steps=3,
+        params = local_train_kw(ctx.model, ctx.flat, params, ctx.images, ctx.client_indices[0], obj, steps=3,
                              batch_size=cfg.train.batch_size, lr=lr, gen=torch_gen(cfg.seed, "client", r, 0),
                              grad_clip=cfg.train.grad_clip, probe_steps=cfg.train.sigma1_probe_steps).params.clone()
     assert torch.equal(final_params(d), params)

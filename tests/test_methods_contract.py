@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
 
 # Methods that by design send nothing during training; they must report exactly 0 uplink bits.
@@ -52,3 +52,22 @@ def test_every_method_one_round(tmp_path, tiny_data, name):
     row.pop("wall_seconds"), row2.pop("wall_seconds")
     assert row == row2
     assert np.array_equal(np.load(d1 / "samples.npz")["images"], np.load(d2 / "samples.npz")["images"])
+
+
+@pytest.mark.parametrize("name", methods.list_methods())
+def test_batched_clients_are_refused_up_front_or_run(tmp_path, tiny_data, name):
+    """What config validation accepts, the round runs: a method that cannot train in lockstep says
+    so when the config is built (declared capability or its check), never mid-run."""
+    from dfbench.benchmark.core.config import ConfigError
+
+    over = {"train.rounds": 1, "train.clients_mode": "batched", "eval.samples": 4, "eval.grid": 2, "eval.sampler_steps": 2}
+    try:
+        cfg = tiny_config(name, over=over)
+    except ConfigError as err:
+        assert "train.clients_mode=batched" in str(err) and "sequential" in str(err)
+        cls = methods.get_method_class(name)
+        # refused by the declaration, or by a check of its own (e.g. heterofl: only narrow widths)
+        assert not cls.batched_clients or any("check" in vars(c) for c in cls.__mro__ if c is not methods.Method)
+        return
+    d = run(cfg, tmp_path, data=tiny_data, progress=False)
+    assert json.loads((d / "status.json").read_text())["state"] == "done"

@@ -1,4 +1,4 @@
-"""benchmark/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
+"""benchmark/report/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
 means and t-intervals over seeds, drift against FedAvg, every figure written."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dfbench.benchmark import paper_figures
+from dfbench.benchmark.report import paper_figures
 from helpers import tiny_config
 
 T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables)
@@ -37,12 +37,17 @@ def _run(root: Path, method: str, params: dict, seed: int, score: float, value: 
 
 @pytest.fixture()
 def study_root(tmp_path: Path) -> Path:
+    from dfbench.benchmark.metrics.drift import record_missing_drift
+
     root = tmp_path / "runs"
+    runs = []
     for seed in (0, 1, 2):
-        _run(root, "fedavg", {}, seed, 100.0 + seed, value=0)
-        _run(root, "fedavg", {}, seed, 800.0, value=128, rounds=0)  # untrained
-        _run(root, "random_prune", {"keep_ratio": 0.5}, seed, [200.0, 210.0, 230.0][seed], value=51, w2=0.5, gamma=1)
-        _run(root, "topk_prune", {"keep_ratio": 0.5}, seed, 150.0, value=102, w2=0.1, gamma=2)
+        runs.append(_run(root, "fedavg", {}, seed, 100.0 + seed, value=0))
+        runs.append(_run(root, "fedavg", {}, seed, 800.0, value=128, rounds=0))  # untrained
+        runs.append(_run(root, "random_prune", {"keep_ratio": 0.5}, seed, [200.0, 210.0, 230.0][seed], value=51, w2=0.5, gamma=1))
+        runs.append(_run(root, "topk_prune", {"keep_ratio": 0.5}, seed, 150.0, value=102, w2=0.1, gamma=2))
+    # the drift record a grid leaves in metrics.json (paper_figures, like the reporter, only reads it)
+    assert len(record_missing_drift(runs)) == len(runs)
     return root
 
 

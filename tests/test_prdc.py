@@ -1,4 +1,4 @@
-"""benchmark.prdc: precision / recall / density / coverage equal the authors' `prdc` package."""
+"""benchmark.metrics.prdc: precision / recall / density / coverage equal the authors' `prdc` package."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from dfbench.benchmark import prdc as pr
+from dfbench.benchmark.metrics import prdc as pr
 
 prdc_ref = pytest.importorskip("prdc", reason="the reference `prdc` package is a test extra: pip install -e '.[test]'")
 

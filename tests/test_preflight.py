@@ -1,4 +1,4 @@
-"""A grid checks its inputs before its first cell (benchmark/fetch.py: required_inputs, preflight)."""
+"""A grid checks its inputs before its first cell (benchmark/grid/fetch.py: required_inputs, preflight)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import scipy.io
 
-from dfbench.benchmark import fetch as F
-from dfbench.benchmark import grid as G
+from dfbench.benchmark.grid import fetch as F
+from dfbench.benchmark.grid import runner as R, spec as S
 from dfbench.benchmark.cli import main
 from dfbench.datasets import sources
 from helpers import TINY, tiny_config
@@ -107,9 +107,9 @@ def test_missing_weights_only_warn_that_evaluation_will_be_pending(monkeypatch):
 
 
 def test_supplied_data_and_an_empty_selection_are_not_checked(tmp_path):
-    grid = G.load_grid(svhn_grid(tmp_path, [0]))
+    grid = S.load_grid(svhn_grid(tmp_path, [0]))
     with pytest.raises(F.MissingInputsError, match="dfbench fetch svhn"):
-        G.run_grid(grid, tmp_path / "runs", progress=False, echo=lambda _: None)
+        R.run_grid(grid, tmp_path / "runs", progress=False, echo=lambda _: None)
     F.preflight([grid.cells[0].cfg], check_data=False)  # the caller brings the data: nothing to check
     # a grid with nothing left to run needs nothing
     F.preflight([])

@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dfbench import methods
-from dfbench.benchmark import loop
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.model import Layout, flatten_
-from dfbench.benchmark.seeds import torch_gen
-from dfbench.benchmark.train import local_train
-from helpers import final_params, tiny_config
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.model import Layout, flatten_
+from dfbench.benchmark.core.seeds import torch_gen
+from helpers import final_params, local_train_kw, tiny_config
 from dfbench.methods.pruning import (INFERENCE_MODES, SEED_BITS, flop_fraction, keep_count, magnitude_mask, prunable_tensors, random_mask,
                              top_k_mask, weight_macs)
 
@@ -53,7 +52,7 @@ def test_keep_ratio_one_equals_fedavg_bitwise(tmp_path, tiny_data, name, inferen
 
 
 def run_tiny(name: str, params: dict, out: Path, data, over: dict | None = None) -> Path:
-    return loop.run(tiny_config(name, params, over), out, data=data, progress=False)
+    return lifecycle.run(tiny_config(name, params, over), out, data=data, progress=False)
 
 
 # -- masked aggregation on hand-built tensors ----------------------------------------------
@@ -147,12 +146,12 @@ def test_random_masks_fresh_per_client_and_round_through_the_method(tiny_data):
         ctx.round = r
         for k in (0, 1):
             plans[r, k] = m.client_view(state, k, ctx)
-    masks = [p.mask for p in plans.values()]
+    masks = [p.step.mask for p in plans.values()]
     assert all(not torch.equal(masks[i], masks[j]) for i in range(4) for j in range(i))
     ctx.round = 1
-    assert torch.equal(m.client_view(state, 0, ctx).mask, plans[1, 0].mask)  # seeded by (seed, round, client)
+    assert torch.equal(m.client_view(state, 0, ctx).step.mask, plans[1, 0].step.mask)  # seeded by (seed, round, client)
     for p in plans.values():  # the client starts from theta * m
-        assert torch.equal(p.start, state.params * p.mask)
+        assert torch.equal(p.start, state.params * p.step.mask)
 
 
 def test_topk_global_one_mask_per_round_recomputed_from_new_weights(tiny_data):
@@ -163,16 +162,16 @@ def test_topk_global_one_mask_per_round_recomputed_from_new_weights(tiny_data):
     state = methods.ServerState(params=ctx.init_params.clone())
     ctx.round = 1
     a, b = m.client_view(state, 0, ctx), m.client_view(state, 3, ctx)
-    assert torch.equal(a.mask, b.mask) and a.info["trained_params"] == ctx.layout.total - pool + keep_count(pool, 0.3)
+    assert torch.equal(a.step.mask, b.step.mask) and a.trained_params == ctx.layout.total - pool + keep_count(pool, 0.3)
     # global scope: one threshold, so the smallest kept |weight| >= the largest pruned one across tensors
     prunable = torch.cat([torch.full((n,), p) for n, p in zip(ctx.layout.numels, w)])
     mag = state.params.abs()
-    assert mag[prunable & (a.mask == 1)].min() >= mag[prunable & (a.mask == 0)].max()
+    assert mag[prunable & (a.step.mask == 1)].min() >= mag[prunable & (a.step.mask == 0)].max()
     # next round's global weights: the mask follows them (no stale cache)
     new = methods.ServerState(params=state.params.flip(0))
     ctx.round = 2
-    assert torch.equal(m.client_view(new, 0, ctx).mask, magnitude_mask(new.params, ctx.layout, 0.3, w, "global"))
-    assert not torch.equal(m.client_view(new, 0, ctx).mask, a.mask)
+    assert torch.equal(m.client_view(new, 0, ctx).step.mask, magnitude_mask(new.params, ctx.layout, 0.3, w, "global"))
+    assert not torch.equal(m.client_view(new, 0, ctx).step.mask, a.step.mask)
 
 
 def test_capacity_tiers_override_keep_ratio(tiny_data):
@@ -185,11 +184,11 @@ def test_capacity_tiers_override_keep_ratio(tiny_data):
     half = fixed + sum(keep_count(n, 0.5) for n, p in zip(ctx.layout.numels, w) if p)
     for k in range(ctx.num_clients):
         plan = m.client_view(state, k, ctx)
-        if ctx.keep_ratios[k] == 1.0:
-            assert plan.mask is None and plan.info["trained_params"] == ctx.layout.total
+        if ctx.capacity[k] == 1.0:
+            assert plan.step.mask is None and plan.trained_params == ctx.layout.total
         else:
-            assert plan.info["keep_ratio"] == 0.5 and plan.info["trained_params"] == half == int(plan.mask.sum())
-    assert sorted(ctx.keep_ratios.tolist()) == [0.5, 0.5, 1.0, 1.0]
+            assert plan.trained_params == half == int(plan.step.mask.sum())
+    assert sorted(ctx.capacity.tolist()) == [0.5, 0.5, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("name,key,value", [
@@ -225,7 +224,7 @@ def test_pruned_weights_are_zero_in_forward_pass_and_get_no_update(tiny_data):
             hooks.append(mod.register_forward_pre_hook(lambda mod, inp, mv=mv: seen.append(float((mod.weight.detach() * (1 - mv)).abs().max()))))
     start = ctx.init_params * mask
     # execute: 3 Adam steps with gradient clipping and the sigma_1 probe on
-    res = local_train(ctx.model, ctx.flat, start, ctx.images, ctx.client_indices[0], ctx.get_objective(None), steps=3,
+    res = local_train_kw(ctx.model, ctx.flat, start, ctx.images, ctx.client_indices[0], ctx.get_objective(None), steps=3,
                       batch_size=8, lr=1e-2, gen=torch_gen(0, "c"), mask=mask, grad_clip=1.0, probe_steps=2)
     for h in hooks:
         h.remove()
@@ -273,7 +272,7 @@ class FixedMasks(methods.Method):
 
     def client_view(self, state, client, ctx):
         m = self.masks[ctx.round][client]
-        return methods.ClientPlan(start=state.params * m, mask=m)
+        return methods.ClientPlan(start=state.params * m, step=methods.LocalStep(mask=m))
 
     def upload(self, local, plan, client, state, ctx):
         up = super().upload(local, plan, client, state, ctx)
@@ -303,7 +302,7 @@ def test_gamma_uncovered_w2_sigma2_equal_hand_computed(tiny_data, kind):
     theta = ctx.init_params.numpy()
     method = FixedMasks({1: [torch.from_numpy(m) for m in M]}, [torch.from_numpy(d) for d in D])
     # execute
-    state, row = loop.train_round(method, methods.ServerState(params=ctx.init_params.clone()), ctx, 1)
+    state, row = lifecycle.train_round(method, methods.ServerState(params=ctx.init_params.clone()), ctx, 1)
     # assert: Gamma_r = min_i sum_k m_k[i]; uncovered = share of count 0
     count = M.sum(0)
     assert row["gamma"] == int(count.min()) == (3 if kind == "one_pruned_each" else 0)
@@ -329,9 +328,9 @@ def test_gamma_star_is_the_running_minimum(tmp_path, tiny_data, monkeypatch):
     P = build_context(cfg, data=tiny_data).layout.total
     full = [torch.ones(P)] * 4
     method = FixedMasks({1: full, 2: [torch.from_numpy(_one_pruned_each(P, k)) for k in range(4)], 3: full})
-    monkeypatch.setattr(loop.methods, "create_method", lambda name, **kw: method)
+    monkeypatch.setattr(lifecycle.methods, "create_method", lambda name, **kw: method)
     # execute
-    rows = rows_of(loop.run(cfg, tmp_path, data=tiny_data, progress=False))
+    rows = rows_of(lifecycle.run(cfg, tmp_path, data=tiny_data, progress=False))
     # assert
     assert [r["gamma"] for r in rows] == [4, 3, 4]
     assert [r["gamma_star"] for r in rows] == [4, 3, 3]
@@ -374,7 +373,7 @@ class _LinearCtx:
         model = nn.Linear(3, 2)
         _, self.layout = flatten_(model)
         self.client_sizes = np.array(sizes)
-        self.keep_ratios = None if keeps is None else np.array(keeps)
+        self.capacity = None if keeps is None else np.array(keeps)
 
 
 def _all_masks(n: int, k: int) -> list[torch.Tensor]:

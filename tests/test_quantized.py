@@ -14,15 +14,16 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark import loop
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.loop import run
-from dfbench.benchmark.model import Layout
-from dfbench.benchmark.results import load_checkpoint
-from dfbench.benchmark.seeds import torch_gen
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.engine import training
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.engine.model import Layout
+from dfbench.benchmark.core.runfolder import load_checkpoint
+from dfbench.benchmark.core.seeds import torch_gen
 from helpers import final_params, tiny_config
-from dfbench.methods.quantization import dequantize, message_bits, quantize, segment_ids
+from dfbench.methods.minmax_codec import dequantize, message_bits, quantize, segment_ids
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -244,7 +245,7 @@ def test_nan_client_is_dropped_and_never_reaches_the_global_model(tmp_path, tiny
     # prepare: client 0's local training (recognised by its sample indices) returns NaN every round
     cfg = tiny_config("quantized", {"bits": 4, "error_feedback": True}, {"train.rounds": 3})
     client0 = build_context(cfg, data=tiny_data).client_indices[0]
-    real = loop.local_train
+    real = training.local_train
 
     def poisoned(model, flat, start, images, indices, *args, **kwargs):
         res = real(model, flat, start, images, indices, *args, **kwargs)
@@ -252,7 +253,7 @@ def test_nan_client_is_dropped_and_never_reaches_the_global_model(tmp_path, tiny
             res.params.fill_(float("nan"))
         return res
 
-    monkeypatch.setattr(loop, "local_train", poisoned)
+    monkeypatch.setattr(training, "local_train", poisoned)
     # execute
     d = run(cfg, tmp_path, data=tiny_data, progress=False)
     # assert: the run finished, one update dropped per round, the model and residuals finite
@@ -284,7 +285,7 @@ def test_error_feedback_residuals_survive_checkpoint_and_resume(tmp_path, tiny_d
 
 def test_comm_grid_entries_are_valid_configs():
     # prepare
-    grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grids" / "comm.toml").read_text())
+    grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grid" / "builtin" / "comm.toml").read_text())
     # execute: every method entry "name?k=v&..." builds a validated config
     entries = grid["axes"]["method"]
     cfgs = [tiny_config(e.partition("?")[0], dict(parse_qsl(e.partition("?")[2]))) for e in entries]

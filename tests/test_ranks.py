@@ -16,8 +16,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_report import fd, make_run  # noqa: E402
 
-from dfbench.benchmark.report import build_report, collect  # noqa: E402
-from dfbench.benchmark.uncertainty import tie_ranks  # noqa: E402
+from dfbench.benchmark.report.build import build_report, collect  # noqa: E402
+from dfbench.benchmark.metrics.uncertainty import tie_ranks  # noqa: E402
 
 CI = "95% basic bootstrap over generated samples (reference fixed)"
 

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from scipy import stats  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from dfbench.benchmark.report import (  # noqa: E402
+from dfbench.benchmark.report.build import (  # noqa: E402
     build_report,
     collect,
     format_params,
@@ -232,7 +232,7 @@ def test_only_failures_still_reports(tmp_path: Path) -> None:
 
 def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny_data) -> None:
     # prepare: two real tiny runs (no scoring), as the loop writes them
-    from dfbench.benchmark.loop import run
+    from dfbench.benchmark.engine.lifecycle import run
     from helpers import tiny_config
 
     for method in ("fedavg", "fedprox"):
@@ -247,7 +247,7 @@ def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny
 
 
 def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
-    from dfbench.benchmark.report_format import metric_notes as _metric_notes
+    from dfbench.benchmark.report.formatting import metric_notes as _metric_notes
 
     row = {"group_key": "g", "metric": "fd_fmnist", "extractor": "fmnist", "extractor_sha256": "ab" * 32,
            "backend": "dfbench", "num_samples": 400, "sampler": "heun", "sampler_steps": 8,

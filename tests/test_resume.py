@@ -1,4 +1,4 @@
-"""Resume after a kill, checkpoint fallback, and divergence handling of the shared loop."""
+"""Resume after a kill, checkpoint fallback, and divergence handling of the shared lifecycle."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark import loop, results
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
 
 TESTS = Path(__file__).parent
@@ -28,18 +29,18 @@ import torch
 torch.set_num_threads(1)
 from conftest import make_imageset
 from helpers import tiny_config
-from dfbench.benchmark import results
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine.lifecycle import run
 
 out, kill_at, over = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-append = results.append_round
+append = runfolder.append_round
 
 def append_then_die(d, row):
     append(d, row)
     if row["round"] == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
 
-results.append_round = append_then_die
+runfolder.append_round = append_then_die
 run(tiny_config(over=over), out, data=make_imageset(), progress=False)
 """
 
@@ -64,15 +65,15 @@ def test_sigkill_mid_run_then_rerun_is_bitwise_equal_to_uninterrupted(tmp_path, 
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=str(TESTS)), str(out), "3", json.dumps(RESUME)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    d = results.run_dir(out, cfg)
+    d = runfolder.run_dir(out, cfg)
     assert _state(d) == "running"
     assert [r["round"] for r in _rows(d)] == [1, 2, 3]  # round 3 is logged but not checkpointed
-    assert results.load_checkpoint(d)["round"] == 2
+    assert runfolder.load_checkpoint(d)["round"] == 2
     resumed = run(cfg, out, data=tiny_data, progress=False)
     # assert: same folder, bitwise equal model and EMA, no duplicate rows, same samples
     assert resumed == d and _state(d) == "done"
     assert torch.equal(final_params(d), final_params(ref))
-    assert torch.equal(results.load_checkpoint(d)["ema"], results.load_checkpoint(ref)["ema"])
+    assert torch.equal(runfolder.load_checkpoint(d)["ema"], runfolder.load_checkpoint(ref)["ema"])
     assert [r["round"] for r in _rows(d)] == [1, 2, 3, 4]
     assert _rows(d) == _rows(ref)
     assert (d / "grid.png").read_bytes() == (ref / "grid.png").read_bytes()
@@ -80,14 +81,14 @@ def test_sigkill_mid_run_then_rerun_is_bitwise_equal_to_uninterrupted(tmp_path, 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, round_: int) -> None:
     """Make train_round raise KeyboardInterrupt when it reaches `round_` (Ctrl-C between rounds)."""
-    real = loop.train_round
+    real = lifecycle.train_round
 
     def train_round(method, state, ctx, r):
         if r == round_:
             raise KeyboardInterrupt
         return real(method, state, ctx, r)
 
-    monkeypatch.setattr(loop, "train_round", train_round)
+    monkeypatch.setattr(lifecycle, "train_round", train_round)
 
 
 # every registered method resumes exactly (its extra server state is checkpointed); router kept short
@@ -102,7 +103,7 @@ def test_interrupted_run_resumes_bitwise_for_every_method(name, tmp_path, tiny_d
         _interrupt_at(m, 3)
         with pytest.raises(KeyboardInterrupt):
             run(cfg, tmp_path / "cut", data=tiny_data, progress=False)
-    d = results.run_dir(tmp_path / "cut", cfg)
+    d = runfolder.run_dir(tmp_path / "cut", cfg)
     assert _state(d) == "running"  # Ctrl-C is not a failure: the run stays resumable
     run(cfg, tmp_path / "cut", data=tiny_data, progress=False)
     assert _state(d) == "done"
@@ -117,12 +118,12 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_used(tmp_path, ti
     d = run(cfg, tmp_path / "run", data=tiny_data, progress=False)
     newest = d / "checkpoints" / "ckpt-000003.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    results.write_status(d, "running")
+    runfolder.write_status(d, "running")
     with open(d / "rounds.jsonl", "a") as f:
         f.write('{"round": 4, "tor')  # a torn line from the crash
     # execute / assert: detection
     with pytest.warns(UserWarning, match="unreadable"):
-        assert results.load_checkpoint(d)["round"] == 2
+        assert runfolder.load_checkpoint(d)["round"] == 2
     # execute / assert: the rerun resumes from round 2 and ends where the clean run ended
     with pytest.warns(UserWarning, match="ckpt-000003.pt is unreadable"):
         run(cfg, tmp_path / "run", data=tiny_data, progress=False)
@@ -135,7 +136,7 @@ def test_no_readable_checkpoint_means_a_fresh_start(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-000001.pt").write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning, match="unreadable"):
-        assert results.load_checkpoint(tmp_path) is None
+        assert runfolder.load_checkpoint(tmp_path) is None
 
 
 def test_nan_client_update_is_dropped_and_counted(tmp_path, tiny_data, monkeypatch):
@@ -185,12 +186,12 @@ def test_nan_global_model_marks_the_run_diverged(tmp_path, tiny_data, monkeypatc
     assert [r["round"] for r in rows] == [1, 2] and rows[-1]["diverged"] is True
     assert not (d / "metrics.json").exists()
     # a rerun leaves a diverged run alone (it would diverge again)
-    monkeypatch.setattr(loop, "train_round", lambda *a: pytest.fail("a diverged run was retrained"))
+    monkeypatch.setattr(lifecycle, "train_round", lambda *a: pytest.fail("a diverged run was retrained"))
     assert run(cfg, tmp_path, data=tiny_data, progress=False) == d
 
 
 def test_report_lists_a_real_diverged_run_with_its_reason(tmp_path, tiny_data, monkeypatch):
-    from dfbench.benchmark.report import load_runs
+    from dfbench.benchmark.report.build import load_runs
 
     _diverge_at_round_2(monkeypatch)
     run(tiny_config(), tmp_path, data=tiny_data, progress=False)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.context import build_context
-from dfbench.benchmark.loop import run
-from dfbench.benchmark.train import local_train
-from helpers import final_params, tiny_config
+from dfbench.benchmark.core.config import ConfigError, check_world
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.lifecycle import run
+from helpers import final_params, local_train_kw, tiny_config
 from test_serveropt import rows, sigkill_then_resume
 
 
@@ -33,9 +33,9 @@ def _one_round_by_hand(ctx, method, state, r):
     acc, plans, locals_ = method.new_accumulator(state, ctx), {}, {}
     for k in clients:
         plans[k] = plan = method.client_view(state, k, ctx)
-        res = local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(None),
+        res = local_train_kw(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k], ctx.get_objective(None),
                           steps=int(ctx.local_steps[k]), batch_size=ctx.cfg.train.batch_size, lr=ctx.cfg.train.lr,
-                          gen=ctx.gen("client", r, k), step_correction=plan.step_correction)
+                          gen=ctx.gen("client", r, k), step_correction=plan.step.step_correction)
         locals_[k] = res.params
         method.accumulate(acc, method.upload(res.params, plan, k, state, ctx), ctx)
     return method.apply(state, acc, ctx), plans, locals_
@@ -52,7 +52,7 @@ def test_control_variates_follow_option_ii(tiny_data):
     x1 = state.params.clone()
     state, plans, y = _one_round_by_hand(ctx, method, state, 1)
     # assert: no correction in round 1; c_i = (x - y_i) / (K lr); c = (1/N) sum_i c_i
-    assert all(p.step_correction is None for p in plans.values())
+    assert all(p.step.step_correction is None for p in plans.values())
     ci = {k: (x1.double() - y[k].double()) / (K * lr) for k in range(N)}
     for k in range(N):
         torch.testing.assert_close(state.extra["scaffold_ci"][k].double(), ci[k], rtol=1e-5, atol=1e-5)
@@ -62,7 +62,7 @@ def test_control_variates_follow_option_ii(tiny_data):
     x2 = state.params.clone()
     state, plans, y = _one_round_by_hand(ctx, method, state, 2)
     for k in range(N):
-        torch.testing.assert_close(plans[k].step_correction.double(), c - ci[k], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(plans[k].step.step_correction.double(), c - ci[k], rtol=1e-5, atol=1e-5)
         new_ci = ci[k] - c + (x2.double() - y[k].double()) / (K * lr)  # c_i - c + (x - y_i) / (K lr)
         torch.testing.assert_close(state.extra["scaffold_ci"][k].double(), new_ci, rtol=1e-4, atol=1e-4)
     # c stays the mean of the c_i over all clients (every client took part)
@@ -76,20 +76,22 @@ def test_the_step_correction_moves_every_local_step(tiny_data):
     ctx = build_context(cfg, data=tiny_data)
     corr = torch.linspace(-1, 1, ctx.layout.total)
     # execute
-    res = local_train(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], ctx.get_objective(None),
+    res = local_train_kw(ctx.model, ctx.flat, ctx.init_params, ctx.images, ctx.client_indices[0], ctx.get_objective(None),
                       steps=4, batch_size=4, lr=0.01, gen=ctx.gen("t"), mask=torch.zeros(ctx.layout.total), step_correction=corr)
     # assert: y = x - K lr (c - c_i)
     torch.testing.assert_close(res.params, ctx.init_params - 4 * 0.01 * corr, rtol=1e-6, atol=1e-6)
 
 
-def test_batched_mode_and_several_processes_are_refused_before_training(tiny_data):
-    ctx = build_context(tiny_config("scaffold", over={"train.clients_mode": "batched"}), data=tiny_data)
-    with pytest.raises(ValueError, match="clients_mode=sequential"):
-        methods.create_method("scaffold").init_state(ctx.init_params, ctx)
-    ctx = build_context(tiny_config("scaffold"), data=tiny_data)
-    ctx.world = 2
-    with pytest.raises(ValueError, match="world size 1"):
-        methods.create_method("scaffold").init_state(ctx.init_params, ctx)
+def test_batched_mode_and_several_processes_are_refused_before_any_data(tmp_path):
+    # batched clients: refused when the config is built (dfbench run, the API, grid --dry-run), no data needed
+    with pytest.raises(ConfigError, match="train.clients_mode=batched.*clients_mode=sequential"):
+        tiny_config("scaffold", over={"train.clients_mode": "batched"})
+    # several ranks: refused by the run's life cycle with the real world size, before the lock or any folder
+    cfg = tiny_config("scaffold")
+    with pytest.raises(ConfigError, match=r"world size 1, here 2"):
+        check_world(cfg, 2)
+    check_world(cfg, 1)  # one process is fine
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_non_finite_client_keeps_its_control_variate(tiny_data):
@@ -107,9 +109,9 @@ def test_scaffold_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     over = {"method": "scaffold", "train.rounds": 3, "checkpoint_every": 1, "system.participation": 0.5}
     ref, d = sigkill_then_resume(tmp_path, tiny_data, over)
     assert torch.equal(final_params(d), final_params(ref))
-    from dfbench.benchmark import results
+    from dfbench.benchmark.core import runfolder
 
-    a, b = results.load_checkpoint(d)["extra"], results.load_checkpoint(ref)["extra"]
+    a, b = runfolder.load_checkpoint(d)["extra"], runfolder.load_checkpoint(ref)["extra"]
     assert torch.equal(a["scaffold_c"], b["scaffold_c"])
     assert a["scaffold_ci"].keys() == b["scaffold_ci"].keys()
     assert all(torch.equal(a["scaffold_ci"][k], b["scaffold_ci"][k]) for k in a["scaffold_ci"])

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark import results
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
 
 TESTS = Path(__file__).parent
@@ -150,8 +150,8 @@ def sigkill_then_resume(tmp_path: Path, data: Any, over: dict[str, Any], kill_at
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=str(TESTS)), str(out), str(kill_at), json.dumps(over)],
                           cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    d = results.run_dir(out, cfg)
-    assert results.load_checkpoint(d)["round"] == kill_at - 1
+    d = runfolder.run_dir(out, cfg)
+    assert runfolder.load_checkpoint(d)["round"] == kill_at - 1
     assert run(cfg, out, data=data, progress=False) == d
     return ref, d
 
@@ -165,6 +165,6 @@ def test_fedadam_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     over = {"method": "fedadam", "train.rounds": 3, "checkpoint_every": 1}
     ref, d = sigkill_then_resume(tmp_path, tiny_data, over)
     assert torch.equal(final_params(d), final_params(ref))
-    a, b = results.load_checkpoint(d)["extra"], results.load_checkpoint(ref)["extra"]
+    a, b = runfolder.load_checkpoint(d)["extra"], runfolder.load_checkpoint(ref)["extra"]
     assert torch.equal(a["server_m"], b["server_m"]) and torch.equal(a["server_v"], b["server_v"])
     assert rows(d) == rows(ref)

@@ -1,4 +1,4 @@
-"""benchmark.uncertainty: eigenvalue-form Frechet distance, bootstrap intervals (coverage on
+"""benchmark.metrics.uncertainty: eigenvalue-form Frechet distance, bootstrap intervals (coverage on
 Gaussians with a closed-form distance), t-intervals across seeds."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy import linalg, stats
 
-from dfbench.benchmark.fid import frechet_distance
-from dfbench.benchmark.uncertainty import (
+from dfbench.benchmark.metrics.fid import frechet_distance
+from dfbench.benchmark.metrics.uncertainty import (
     FrechetReference,
     bootstrap_frechet,
     bootstrap_statistic,

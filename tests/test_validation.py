@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from dfbench.benchmark import grid as G
+from dfbench.benchmark.grid import spec as S
 from dfbench.benchmark.cli import main
-from dfbench.benchmark.config import ConfigError
-from dfbench.benchmark.loop import run
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
 # (method, method params, overrides, text the error must contain: the key and what is allowed)
@@ -58,7 +58,7 @@ def test_grid_refuses_invalid_values_before_any_folder(method, params, over, nee
 
     spec = {"base": {**TINY, **over, **{f"method.{k}": v for k, v in params.items()}}, "axes": {"method": [method]}}
     with pytest.raises(ConfigError) as err:
-        G.parse_grid(spec)
+        S.parse_grid(spec)
     msg = str(err.value)
     # the grid words unknown keys its own way (with suggestions); the key and the offence match
     assert needle.split(";")[0] in msg

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 import torch
 
-from dfbench.benchmark import grid as G
-from dfbench.benchmark import loop, results
+from dfbench.benchmark.grid import plan as P, spec as S
+from dfbench.benchmark.engine import lifecycle
+from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.cli import build_parser, config_from_args
-from dfbench.benchmark.lock import LOCK_NAME, read_lock
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.core.lock import LOCK_NAME, read_lock
 
 HERE = Path(__file__).resolve().parent
 # as small as a run gets (about 0.2 s of CPU a round): the processes, not the training, are under test
@@ -48,7 +50,7 @@ def _worker(spec: dict[str, Any]) -> int:
 
     data = make_imageset()
     datasets.load = lambda name, split, root=None, **kw: data  # type: ignore[assignment]
-    real_round, real_save = loop.train_round, results.save_checkpoint
+    real_round, real_save = lifecycle.train_round, runfolder.save_checkpoint
 
     def train_round(method: Any, state: Any, ctx: Any, r: int) -> Any:
         with open(spec["trace"], "a") as f:  # one short O_APPEND write per line: lines never interleave
@@ -62,13 +64,20 @@ def _worker(spec: dict[str, Any]) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
 
-    loop.train_round, results.save_checkpoint = train_round, save_checkpoint  # type: ignore[assignment]
-    from dfbench.benchmark import cli
+    lifecycle.train_round, runfolder.save_checkpoint = train_round, save_checkpoint  # type: ignore[assignment]
+    from dfbench.benchmark.grid import workers
 
     # `dfbench grid --workers N` starts its extra workers as this script too (same data, same trace)
-    cli.worker_command = lambda argv: [sys.executable, __file__, json.dumps({**spec, "argv": argv, "start_at": 0.0})]
+    worker = {k: v for k, v in spec.items() if k != "python"}  # an extra worker runs the command line it is given
+    workers.worker_command = lambda argv: [sys.executable, __file__, json.dumps({**worker, "argv": argv, "start_at": 0.0})]
     while time.time() < spec.get("start_at", 0.0):  # every process imported: start together
         time.sleep(0.005)
+    if "python" in spec:  # dfbench.run_grid(**spec["python"]) instead of the command line
+        import dfbench
+
+        summary = dfbench.run_grid(**spec["python"])
+        print(summary.text())
+        return 0 if summary.ok else 1
     return main(spec["argv"])
 
 
@@ -121,9 +130,9 @@ def test_two_processes_racing_on_one_run_train_it_once(tmp_path):
     assert f"is in use by host {socket.gethostname()}, pid {procs[winner].pid}, since " in logs[loser]
     rows = _trace(trace)
     assert {pid for pid, _, _ in rows} == {procs[winner].pid} and [r for _, _, r in rows] == [1, 2, 3]
-    d = results.run_dir(out, config_from_args(build_parser().parse_args(argv)))
-    assert [r["round"] for r in results.read_rounds(d)] == [1, 2, 3]
-    assert results.read_status(d)["state"] == "done"
+    d = runfolder.run_dir(out, config_from_args(build_parser().parse_args(argv)))
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1, 2, 3]
+    assert runfolder.read_status(d)["state"] == "done"
     _no_leftovers(out)
 
 
@@ -134,7 +143,7 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
     from helpers import TINY
 
     path = write_grid(tmp_path / "six.toml", {**TINY, **SMALL}, {"train.rounds": [1, 2], "seed": [0, 1, 2]})
-    grid = G.load_grid(path)
+    grid = S.load_grid(path)
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     # execute: three workers, no --shard
     argv = ["grid", str(path), "--out", str(out), "--no-progress"]
@@ -148,8 +157,8 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
         (c.run_id, r) for c in grid.cells for r in range(1, c.cfg.train.rounds + 1))
     for c in grid.cells:
         d = c.folder(out)
-        assert results.read_status(d)["state"] == "done"
-        assert [r["round"] for r in results.read_rounds(d)] == list(range(1, c.cfg.train.rounds + 1))
+        assert runfolder.read_status(d)["state"] == "done"
+        assert [r["round"] for r in runfolder.read_rounds(d)] == list(range(1, c.cfg.train.rounds + 1))
     # the work was shared, and each worker began with one of the long cells
     first = {}
     for pid, rid, _ in rows:
@@ -158,7 +167,7 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
     assert len(first) >= 2 and set(first.values()) <= long_ids, rows
     assert logs.count(" done     ") == 6  # each cell reported done by exactly one worker
     _no_leftovers(out)
-    assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+    assert all(P.cell_state(out, c) == "done" for c in grid.cells)
 
 
 def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(tmp_path):
@@ -169,7 +178,7 @@ def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(
     from helpers import TINY
 
     path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL}, {"train.rounds": [3], "seed": [0, 1, 2, 3]})
-    grid = G.load_grid(path)
+    grid = S.load_grid(path)
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     # execute: ONE command asking for three workers
     argv = ["grid", str(path), "--out", str(out), "--workers", "3", "--no-progress"]
@@ -183,19 +192,55 @@ def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(
     assert Counter((rid, r) for _, rid, r in rows) == Counter((c.run_id, r) for c in grid.cells for r in (1, 2, 3))
     assert len({pid for pid, _, _ in rows}) >= 2, rows
     assert log.count(" done     ") == 4, log
-    assert all(G.cell_state(out, c) == "done" for c in grid.cells)
+    assert all(P.cell_state(out, c) == "done" for c in grid.cells)
     # the command's own summary comes last, after its workers exited: every cell done, none "running"
     last = log.rstrip().splitlines()[-1]
     assert last.startswith("grid t: 4 cell(s) selected") and last.endswith("; 4 done"), log
     _no_leftovers(out)
 
 
-def test_worker_command_line_drops_workers_and_download_and_is_quiet():
-    from dfbench.benchmark.cli import _worker_argv
+def test_python_api_run_grid_with_two_workers_runs_each_cell_once(tmp_path):
+    # prepare: 2 cells of 1 round, made 2 rounds (of 1 s each) by an override, which every worker must apply
+    from test_grid import write_grid
 
-    assert _worker_argv(["grid", "g.toml", "--workers", "3", "--download", "--out", "o"]) == [
-        "grid", "g.toml", "--out", "o", "--no-progress"]
-    assert _worker_argv(["grid", "g", "--workers=2", "--no-progress"]) == ["grid", "g", "--no-progress"]
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "two.toml", {**TINY, **SMALL, "train.rounds": 1}, {"seed": [0, 1]})
+    out, trace = tmp_path / "runs", tmp_path / "trace.txt"
+    grid = S.load_grid(path, extra={"train.rounds": 2})
+    # execute: dfbench.run_grid(..., workers=2) from Python (in a process with the synthetic data)
+    call = {"grid": str(path), "out": str(out), "workers": 2, "rounds": 2}
+    procs = _start([{"python": call, "trace": str(trace), "round_sleep": 1.0}], tmp_path, delay_s=0)
+    codes = _wait(procs, tmp_path)
+    log = (tmp_path / "p0.log").read_text()
+    assert codes == [0], log
+    # assert: two processes, every round of every cell once, all done, and the summary says so
+    assert "dfbench grid: 2 workers on" in log and "OMP_NUM_THREADS=1" in log
+    rows = _trace(trace)
+    assert Counter((rid, r) for _, rid, r in rows) == Counter((c.run_id, r) for c in grid.cells for r in (1, 2))
+    assert all(P.cell_state(out, c) == "done" for c in grid.cells)
+    last = log.rstrip().splitlines()[-1]
+    assert last.startswith("grid t: 2 cell(s) selected") and last.endswith("; 2 done"), log
+    _no_leftovers(out)
+
+
+def test_worker_command_line_keeps_grid_selection_and_overrides_drops_workers_and_download_and_is_quiet(tmp_path):
+    from test_grid import write_grid
+
+    from dfbench.benchmark.core.config import parse_value
+    from dfbench.benchmark.grid.workers import set_text, worker_argv
+    from helpers import TINY
+
+    path = write_grid(tmp_path / "one.toml", {**TINY, **SMALL}, {"seed": [0]})
+    grid = S.load_grid(path, extra={"train.lr": 0.002, "method": "fedprox?mu=0.1", "data.root": "1", "device": "cpu"})
+    assert worker_argv(grid, tmp_path / "o", only=["*/0"], retry_failed=True) == [
+        "grid", str(path), "--out", str(tmp_path / "o"), "--only", "*/0", "--set", "train.lr=0.002",
+        "--set", "method=fedprox?mu=0.1", "--set", 'data.root="1"', "--device", "cpu", "--retry-failed", "--no-progress"]
+    # a worker's grid is the same grid: --set values read back as the values given
+    for value in ("dirichlet:0.1", "1", "true", "NaN", "", 3, 0.1, 1e-9, True, None):
+        assert parse_value(set_text(value)) == value and type(parse_value(set_text(value))) is type(value)
+    with pytest.raises(ConfigError, match="grid workers read the grid from its file"):
+        worker_argv(S.parse_grid({"axes": {"seed": [0]}}), tmp_path / "o")
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -222,18 +267,18 @@ def test_a_lock_left_by_a_sigkilled_owner_is_taken_over_and_the_run_resumes_bitw
     cfg = config_from_args(build_parser().parse_args(argv))
     procs = _start([{"argv": argv, "trace": str(trace), "kill_after_checkpoint": 2}], tmp_path, delay_s=0)
     assert _wait(procs, tmp_path) == [-signal.SIGKILL]
-    d = results.run_dir(out, cfg)
+    d = runfolder.run_dir(out, cfg)
     owner = read_lock(d)
     assert owner is not None and owner.pid == procs[0].pid  # the dead owner's lock is still there
-    assert results.read_status(d)["state"] == "running" and results.load_checkpoint(d)["round"] == 2
+    assert runfolder.read_status(d)["state"] == "running" and runfolder.load_checkpoint(d)["round"] == 2
     # execute: the next run takes the lock over (the pid is gone) and resumes from round 2
     with pytest.warns(UserWarning, match=f"took over the stale lock .* pid {owner.pid} no longer exists"):
-        assert loop.run(cfg, out, data=tiny_data, progress=False) == d
+        assert lifecycle.run(cfg, out, data=tiny_data, progress=False) == d
     # assert: bitwise the uninterrupted run; every round once; lock released
-    ref = loop.run(cfg, tmp_path / "ref", data=tiny_data, progress=False)
-    assert torch.equal(results.load_checkpoint(d)["params"], results.load_checkpoint(ref)["params"])
-    assert [r["round"] for r in results.read_rounds(d)] == [1, 2, 3]
-    assert results.read_status(d)["state"] == "done" and read_lock(d) is None
+    ref = lifecycle.run(cfg, tmp_path / "ref", data=tiny_data, progress=False)
+    assert torch.equal(runfolder.load_checkpoint(d)["params"], runfolder.load_checkpoint(ref)["params"])
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1, 2, 3]
+    assert runfolder.read_status(d)["state"] == "done" and read_lock(d) is None
 
 
 if __name__ == "__main__":

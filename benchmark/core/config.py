@@ -1,0 +1,298 @@
+"""Run configuration: frozen dataclasses, validated when built.
+
+A run is fully described by one `RunConfig`. Everything that changes the result
+is in it (and therefore in the run id); where a run is written and which device
+it uses are not (see `NON_RESULT_KEYS`).
+
+Dotted keys address fields for `--set KEY=VALUE`: `train.lr=1e-3`,
+`system.participation=0.5`, `method.mu=0.01`, `eval.samples=500`, `seed=3`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal, Mapping
+
+# ConfigError and the value conversion live in a leaf module so that the method registry can use
+# them at import time without importing this module (which validates through the registry).
+from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_value  # noqa: F401  (re-exported)
+
+DATASETS = ("fmnist", "svhn", "cifar10")
+Objective = Literal["ddpm", "fm"]
+Schedule = Literal["linear", "cosine"]
+Sampler = Literal["auto", "ddim", "euler", "heun"]
+Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
+Amp = Literal["off", "bf16"]
+ClientsMode = Literal["sequential", "batched"]
+LrDecay = Literal["none", "cosine"]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "fmnist"
+    partition: str = "iid"  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
+    clients: int = 10
+    min_client_size: int = 8  # a partition giving a client fewer samples is retried, then refused
+    root: str | None = None  # explicit data folder (else DFBENCH_DATA, the system path, download)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    rounds: int = 10
+    local_steps: int = 20
+    batch_size: int = 64
+    lr: float = 1e-3
+    lr_decay: LrDecay = "none"  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
+    objective: Objective = "ddpm"
+    schedule: Schedule = "cosine"
+    timesteps: int = 1000  # DDPM discretisation
+    model: Preset = "auto"
+    ema: float = 0.0  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
+    grad_clip: float = 1.0  # max global grad norm per local step (0 = off)
+    sigma1_probe_steps: int = 4  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
+    # -- speed knobs (see benchmark/engine/batched.py and `dfbench perf`) --
+    amp: Amp = "off"  # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id)
+    channels_last: bool = False  # feed the convolutions NHWC batches (sequential clients; speed only)
+    compile: bool = False  # torch.compile the model for local training (CUDA only; speed only)
+    clients_mode: ClientsMode = "sequential"  # "batched": a round's clients train in lockstep (torch.func.vmap)
+    client_batch: int = 0  # clients per lockstep group in batched mode (0 = all of the round's clients)
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    participation: float = 1.0  # fraction of clients sampled each round
+    dropout: float = 0.0  # probability that a sampled client drops out of the round
+    stragglers: float = 0.0  # fraction of clients that run fewer local steps
+    straggler_steps: float = 0.5  # a straggler runs ceil(this * local_steps) steps
+    capacity: str = ""  # capacity tiers "KEEP:FRACTION,...", e.g. "1.0:0.5,0.5:0.5" (pruning methods)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    samples: int = 1000
+    sampler: Sampler = "auto"  # auto = ddim for ddpm, heun for fm
+    sampler_steps: int = 20
+    metrics: str = "auto"  # comma list (fd_fmnist, fid, kid, fid_clean), auto, or none (no scoring)
+    reference_split: Literal["train", "test"] = "train"
+    noise_seed: int = 0  # the fixed noises: shared by every run of a dataset, independent of `seed`
+    grid: int = 8  # grid side: grid x grid samples in grid.png
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    method: str = "fedavg"
+    method_params: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every: int = 5  # rounds between checkpoints (and always at the end)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        # Store the method's resolved hyperparameters (defaults filled in, values converted to
+        # their declared types), frozen: "--set method.bits=4" and bits=4 give the same run id.
+        resolved = validate(self)
+        object.__setattr__(self, "method_params", types.MappingProxyType(resolved))
+
+    # -- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                out[f.name] = dataclasses.asdict(v)
+            elif isinstance(v, Mapping):
+                out[f.name] = dict(v)
+            else:
+                out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        sections = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig}
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"run_id", "version"}
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {sorted(unknown)}; valid top-level keys: {sorted(known)}")
+        kw: dict[str, Any] = {}
+        for k, v in d.items():
+            if k in sections:
+                sec = sections[k]
+                names = {f.name for f in fields(sec)}
+                bad = set(v) - names
+                if bad:
+                    raise ConfigError(f"unknown key(s) {sorted(f'{k}.{b}' for b in bad)}; valid: {sorted(f'{k}.{n}' for n in names)}")
+                kw[k] = sec(**{n: coerce_value(f"{k}.{n}", _field_type(sec, n), x) for n, x in v.items()})
+            elif k in known:
+                kw[k] = v
+        return cls(**kw)
+
+    def run_id(self) -> str:
+        """Seed plus a hash of everything that changes the result (device and paths excluded)."""
+        return f"s{self.seed}-{config_hash(self)}"
+
+
+NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
+                   "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch")
+
+
+# Fields added after run ids were first published, with the value that reproduces the runs made
+# before them: left out of the hash at that value, so every existing run id stays valid.
+LATER_FIELDS = {"train.lr_decay": "none"}
+
+
+def round_lr(t: TrainConfig, round_: int) -> float:
+    """The clients' learning rate in round `round_` (1-based) of `t.rounds`."""
+    if t.lr_decay == "cosine" and t.rounds > 0:
+        return t.lr * 0.5 * (1.0 + math.cos(math.pi * (round_ - 1) / t.rounds))
+    return t.lr
+
+
+def config_hash(cfg: RunConfig) -> str:
+    d = cfg.to_dict()
+    for key in NON_RESULT_KEYS:
+        head, _, rest = key.partition(".")
+        (d[head] if rest else d).pop(rest or head, None)
+    for key, neutral in LATER_FIELDS.items():
+        head, _, rest = key.partition(".")
+        if d[head].get(rest) == neutral:
+            d[head].pop(rest)
+    blob = json.dumps(d, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+# -- validation ---------------------------------------------------------------
+
+def _check(cond: bool, key: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
+
+
+def validate(cfg: RunConfig) -> dict[str, Any]:
+    """Every check that can be made without loading data, so bad input fails before any work.
+
+    Returns the method's resolved hyperparameters."""
+    d, t, s, e = cfg.data, cfg.train, cfg.system, cfg.eval
+    _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
+    _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
+    _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
+    # The dataset's size is static, so "more clients than samples" fails here, before any data is
+    # loaded (build_context checks again against the data actually loaded).
+    from dfbench.datasets import data_info
+
+    n_train = int(data_info(d.dataset)["num_samples"]["train"])
+    _check(d.clients * d.min_client_size <= n_train, "data.clients", d.clients,
+           f"at most {n_train // d.min_client_size} for {d.dataset} ({n_train} training samples, "
+           f"data.min_client_size={d.min_client_size} each)")
+    _check(t.rounds >= 0, "train.rounds", t.rounds, "an integer >= 0 (0 evaluates the untrained model)")
+    _check(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
+    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
+    _check(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
+    _check(t.lr_decay in typing.get_args(LrDecay), "train.lr_decay", t.lr_decay, ", ".join(typing.get_args(LrDecay)))
+    _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
+    _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
+    _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
+    _check(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
+    _check(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
+    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
+    _check(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
+    _check(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
+    _check(t.clients_mode in typing.get_args(ClientsMode), "train.clients_mode", t.clients_mode, ", ".join(typing.get_args(ClientsMode)))
+    _check(t.client_batch >= 0, "train.client_batch", t.client_batch, "an integer >= 0 (0 = all of a round's clients)")
+    _check(not (t.compile and cfg.device == "cpu"), "train.compile", t.compile,
+           "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
+    _check(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,
+           "false with train.clients_mode=batched (the vmapped step is not compiled)")
+    _check(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
+           "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
+    _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
+    _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
+    _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
+    _check(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
+    parse_capacity(s.capacity)
+    _check(e.samples >= 1, "eval.samples", e.samples, "an integer >= 1")
+    _check(e.sampler in typing.get_args(Sampler), "eval.sampler", e.sampler, "auto, ddim, euler, heun")
+    if e.sampler != "auto":
+        ok = (e.sampler == "ddim") == (t.objective == "ddpm")
+        _check(ok, "eval.sampler", e.sampler, "ddim for objective ddpm; euler or heun for objective fm")
+    _check(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
+    _check(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
+    _check(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
+    _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
+    _check(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
+    # Partition spec and method name / hyperparameters are checked by their owners.
+    from dfbench.datasets import parse_partition
+
+    try:
+        parse_partition(d.partition)
+    except ValueError as err:
+        raise ConfigError(f"invalid value for 'data.partition': {err}") from None
+    from dfbench.methods import get_method_class, method_config
+
+    try:
+        mc = method_config(cfg.method, dict(cfg.method_params))
+        # what the method cannot run (declared capabilities, its own check), refused here so
+        # `dfbench run`, the API and every cell of `dfbench grid --dry-run` say it before any data is loaded
+        get_method_class(cfg.method).check(mc, cfg)
+    except (KeyError, TypeError, ValueError) as err:
+        msg = err.args[0] if err.args else str(err)
+        raise ConfigError(msg) from None
+    return dataclasses.asdict(mc)
+
+
+def check_world(cfg: RunConfig, world: int) -> None:
+    """The method's check again with the real number of ranks (torchrun), before any data is loaded."""
+    from dfbench.methods import get_method_class, method_config
+
+    try:
+        get_method_class(cfg.method).check(method_config(cfg.method, dict(cfg.method_params)), cfg, world)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(err.args[0] if err.args else str(err)) from None
+
+
+# -- overrides ------------------------------------------------------------------
+
+_SECTIONS = ("data", "train", "system", "eval")
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
+    """Apply dotted overrides {'train.lr': 1e-3, 'method.mu': 0.01, 'seed': 1} and re-validate.
+
+    Validation runs once, on the result: a combination that only the overrides together make
+    valid (a method, its hyperparameters and the partition it needs) is never refused half-way.
+    A new 'method' starts from its own default hyperparameters (the old method's do not carry over).
+    """
+    top: dict[str, Any] = {}
+    secs: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    switching = "method" in items and str(items["method"]) != cfg.method
+    mparams = {} if switching else dict(cfg.method_params)
+    top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
+    for key, value in items.items():
+        head, _, rest = key.partition(".")
+        if head == "method" and rest:
+            mparams[rest] = value
+        elif head in _SECTIONS and rest:
+            sec_cls = type(getattr(cfg, head))
+            names = [f.name for f in fields(sec_cls)]
+            if rest not in names:
+                raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}")
+            secs[head][rest] = coerce_value(key, _field_type(sec_cls, rest), value)
+        elif head in top_names and not rest:
+            top[head] = coerce_value(key, _field_type(RunConfig, head), value)
+        else:
+            valid = sorted(top_names) + [f"{s}.<field>" for s in _SECTIONS] + ["method.<hyperparameter>"]
+            raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
+    new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
+    return replace(cfg, **top, **new_secs, method_params=mparams)

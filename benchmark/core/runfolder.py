@@ -1,0 +1,236 @@
+"""The run-folder format: the ONE owner of every file name, the run states and the readers.
+
+<out>/<dataset>/<partition>/<method>/<run-id>/
+    config.json     the full RunConfig (+ run_id); the folder name is derived from it
+    partition.json  per-client sizes and label histograms
+    rounds.jsonl    one row per finished round
+    metrics.json    evaluations, communication totals, wall time, diagnostics
+    grid.png        the fixed-noise sample grid; samples.npz holds every evaluated sample (uint8)
+    status.json     running / interrupted / done / failed (error, traceback) / diverged (reason)
+    checkpoints/    ckpt-<round>.pt, written atomically; the last two are kept
+    .lock           the owner's lock (benchmark/core/lock.py)
+
+Every other module names these files through the constants below, and reads rounds.jsonl
+through `read_rounds` (one tolerant rule: a damaged line is skipped with a warning), so
+metrics.json and the report are always built from the same rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dfbench.benchmark.core.config import RunConfig
+
+# -- file names (the format; change nothing here without a migration) -----------------------
+CONFIG = "config.json"
+PARTITION = "partition.json"
+ROUNDS = "rounds.jsonl"
+METRICS = "metrics.json"
+STATUS = "status.json"
+SAMPLES = "samples.npz"
+GRID = "grid.png"
+CHECKPOINTS = "checkpoints"
+LOCK = ".lock"
+
+# -- run states (status.json "state") ------------------------------------------------------
+RUNNING = "running"  # a process is (or was, if it died without a word) training or evaluating it
+INTERRUPTED = "interrupted"  # stopped by a signal (SIGTERM: Slurm time limit, preemption); resumable
+DONE = "done"
+FAILED = "failed"  # an error; the traceback is in status.json; a rerun resumes from the checkpoint
+DIVERGED = "diverged"  # the global model became non-finite; final (the same config diverges again)
+STATES = (RUNNING, INTERRUPTED, DONE, FAILED, DIVERGED)
+FINAL_STATES = (DONE, DIVERGED)  # a rerun skips these unless forced
+RESUMABLE_STATES = (RUNNING, INTERRUPTED, FAILED)  # a rerun continues from the newest checkpoint
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)
+
+
+def run_dir(out: str | os.PathLike, cfg: RunConfig) -> Path:
+    return Path(out) / cfg.data.dataset / slug(cfg.data.partition) / slug(cfg.method) / cfg.run_id()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)  # a failed write (ENOSPC) names the file it was writing
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode())
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_status(d: Path, state: str, **extra: Any) -> None:
+    assert state in STATES, state
+    now = time.time()  # "updated_epoch": sub-second, so grid workers can tell what a peer wrote after they started
+    write_json(d / STATUS, {"state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
+                                   "updated_epoch": round(now, 3), **extra})
+
+
+def read_status(d: Path) -> dict[str, Any] | None:
+    p = Path(d) / STATUS
+    return read_json(p) if p.exists() else None
+
+
+def append_round(d: Path, row: dict[str, Any]) -> None:
+    try:
+        with open(d / ROUNDS, "a") as f:
+            f.write(json.dumps(row, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a torn last line is skipped when read and dropped at the next start
+        if err.filename is None:
+            err.filename = str(d / ROUNDS)
+        raise
+
+
+def read_rounds_checked(d: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows of rounds.jsonl in file order, a warning per line that was skipped).
+
+    The one reading rule, for the run's own metrics.json, for resume and for the reporter: a
+    line that is not a JSON object (a torn last line after a crash, a damaged byte) is skipped
+    and named; the rows around it are kept. Appends are fsynced row by row, and a resume
+    rewrites the file up to its checkpoint, so a torn line never outlives the next start.
+    """
+    p = Path(d) / ROUNDS
+    if not p.exists():
+        return [], []
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return [], [f"{ROUNDS} unreadable: {exc}"]
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{ROUNDS} line {number} skipped: {exc}")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"{ROUNDS} line {number} skipped: not a JSON object")
+            continue
+        rows.append(row)
+    return rows, problems
+
+
+def read_rounds(d: Path) -> list[dict[str, Any]]:
+    """The rows of rounds.jsonl (damaged lines skipped: see `read_rounds_checked`)."""
+    return read_rounds_checked(d)[0]
+
+
+def clear_run_dir(d: Path, keep: tuple[str, ...] = ()) -> None:
+    """Delete a run folder's contents except the names in `keep` (--force keeps the run's lock)."""
+    import shutil
+
+    if not d.exists():
+        return
+    for p in d.iterdir():
+        if p.name in keep:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def truncate_rounds(d: Path, last_round: int) -> None:
+    """Keep rows with round <= last_round (the checkpoint's), so a resume never duplicates rows."""
+    rows = [r for r in read_rounds(d) if isinstance(r.get("round"), int) and r["round"] <= last_round]
+    atomic_write_bytes(d / ROUNDS, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows).encode())
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+def save_checkpoint(d: Path, round_: int, payload: dict[str, Any], keep: int = 2) -> Path:
+    ck = d / CHECKPOINTS
+    ck.mkdir(parents=True, exist_ok=True)
+    path = ck / f"ckpt-{round_:06d}.pt"
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"round": round_, **payload}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    for old in sorted(ck.glob("ckpt-*.pt"))[:-keep]:
+        old.unlink()
+    return path
+
+
+def load_checkpoint(d: Path, device: str = "cpu") -> dict[str, Any] | None:
+    """The newest readable checkpoint; a truncated or unreadable one falls back to the previous."""
+    ck = Path(d) / CHECKPOINTS
+    for path in sorted(ck.glob("ckpt-*.pt"), reverse=True):
+        try:
+            return torch.load(path, map_location=device, weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file means: try the previous one
+            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {err}); falling back to the previous one")
+    return None
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """What the run ran on (for metrics.json and the leaderboard header): versions and hardware."""
+    import platform
+    import subprocess
+
+    import numpy
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "hardware": f"{cpu}, {os.cpu_count()} cores, device {dev}",
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "dfbench_commit": commit,
+    }

@@ -1,0 +1,3 @@
+"""Layer 3: the network, the diffusion objectives and samplers, the ONE local step, the round,
+the run's life cycle and its evaluation, the run context, torch.distributed glue and batched clients.
+"""

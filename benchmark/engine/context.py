@@ -1,0 +1,204 @@
+"""RunContext: what a method may read about the run, and the engine services it may use.
+
+Data, layout, clients and their capacities; seeded generators; the objectives, samplers and
+the velocity-space ODE; the run's network (and the same architecture at another width). A
+method imports nothing from the engine at run time: everything reaches it through here.
+Built once per run by `build_context`; methods never see the round's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfbench import datasets
+
+from dfbench.benchmark.engine import diffusion
+from dfbench.benchmark.engine import distributed
+from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr
+from dfbench.benchmark.engine.model import PRESETS, Layout, UNet, UNetSpec, build_model, flatten_, resolve_preset
+from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    device: torch.device
+    images: torch.Tensor  # uint8 [N, C, H, W] on the device
+    labels: np.ndarray  # int64 [N]
+    partition: datasets.Partition
+    client_indices: list[torch.Tensor]  # per client, int64 on the device
+    client_sizes: np.ndarray  # n_k
+    model: torch.nn.Module  # the ONE model buffer, reused by every client
+    flat: torch.Tensor  # its parameters as one flat vector (the model's params are views of it)
+    layout: Layout
+    init_params: torch.Tensor  # seeded initial parameters [P]
+    # Per-client capacity in (0, 1] from the capacity tiers (system.capacity; None = no tiers).
+    # Each method interprets it: pruning as the keep ratio of the sub-model, HeteroFL as its width.
+    capacity: np.ndarray | None
+    local_steps: np.ndarray  # per-client local steps (stragglers run fewer)
+    objectives: dict[str, Any] = field(default_factory=dict)  # "ddpm"/"fm" -> objective object
+    round: int = 0
+    round_weight: float = 1.0  # sum of n_k over this round's clients (set by the loop)
+    progress: bool = False  # tqdm bars for sampling (set by the loop)
+    rank: int = 0
+    world: int = 1
+
+    # -- conveniences for methods ---------------------------------------------------------
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def objective(self) -> str:
+        return self.cfg.train.objective
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.images.shape[1:])  # type: ignore[return-value]
+
+    def rng(self, *keys: object) -> np.random.Generator:
+        return np_rng(self.cfg.seed, *keys)
+
+    def gen(self, *keys: object) -> torch.Generator:
+        return torch_gen(self.cfg.seed, *keys, device=self.device)
+
+    def get_objective(self, name: str | None) -> Any:
+        name = name or self.cfg.train.objective
+        if name not in self.objectives:
+            self.objectives[name] = diffusion.make_objective(name, self.cfg.train.schedule, self.cfg.train.timesteps)
+        return self.objectives[name]
+
+    @property
+    def model_spec(self) -> UNetSpec:
+        """The architecture of the run's network (its preset)."""
+        return PRESETS[resolve_preset(self.cfg.train.model, self.cfg.data.dataset)]
+
+    @property
+    def sample_batch(self) -> int:
+        """Images per sampling batch (diffusion.SAMPLE_BATCH: measured, see there)."""
+        return diffusion.SAMPLE_BATCH
+
+    def network_at_width(self, channels: int) -> torch.nn.Module:
+        """The run's architecture at another base width, on the meta device (structure only:
+        `torch.func.functional_call` supplies its parameters), e.g. for HeteroFL's sub-models."""
+        from dataclasses import replace
+
+        with torch.device("meta"):
+            return UNet(self.image_shape[0], replace(self.model_spec, channels=channels))
+
+    def velocity(self, net: Any, x: torch.Tensor, t: torch.Tensor, objective: str) -> torch.Tensor:
+        """The velocity of network `net` (trained with `objective`) at flow-matching state (x, t):
+        flow matching predicts it; a DDPM network's epsilon is converted by SNR matching."""
+        if objective == "fm":
+            return net(x, t)
+        return diffusion.ddpm_velocity(net, x, t, self.get_objective("ddpm").abar64)
+
+    @staticmethod
+    def integrate_velocity(velocity: Any, noise: torch.Tensor, steps: int, method: str = "heun") -> torch.Tensor:
+        """The velocity-space ODE from t = 1 (noise) to 0 (data): diffusion.sample_ode."""
+        return diffusion.sample_ode(velocity, noise, steps, method)  # type: ignore[arg-type]
+
+    def client_lr(self) -> float:
+        """The clients' learning rate in the current round (train.lr under train.lr_decay)."""
+        return round_lr(self.cfg.train, self.round)
+
+    def sampler_name(self, objective: str) -> str:
+        s = self.cfg.eval.sampler
+        return diffusion.default_sampler(objective) if s == "auto" else s
+
+    @torch.no_grad()
+    def sample_single(self, params: torch.Tensor, noise: torch.Tensor, objective: str, batch: int = diffusion.SAMPLE_BATCH,
+                      network: torch.nn.Module | None = None) -> torch.Tensor:
+        """Sample one model (flat params) from the given noise, in batches, on the device.
+
+        `network`: what to run instead of ctx.model (its parameters must be ctx.model's, views of
+        ctx.flat, e.g. a sub-model that slices them); it is sampled as it is, in its own mode.
+        """
+        self.flat.copy_(params)
+        obj = self.get_objective(objective)
+        sampler = self.sampler_name(objective)
+        if network is not None:
+            return torch.cat([diffusion.sample(obj, network, noise[i:i + batch].to(self.device), sampler,
+                                               self.cfg.eval.sampler_steps).cpu() for i in range(0, noise.shape[0], batch)])
+        self.model.eval()
+        out = []
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=noise.shape[0], desc=f"sampling ({sampler}, {self.cfg.eval.sampler_steps} steps)", unit="img", leave=False)
+        for i in range(0, noise.shape[0], batch):
+            x = noise[i:i + batch].to(self.device)
+            out.append(diffusion.sample(obj, self.model, x, sampler, self.cfg.eval.sampler_steps).cpu())
+            if bar is not None:
+                bar.update(x.shape[0])
+        if bar is not None:
+            bar.close()
+        self.model.train()
+        return torch.cat(out)
+
+
+def assign_tiers(num_clients: int, spec: str, seed: int) -> np.ndarray | None:
+    """Capacity tiers -> per-client capacity; tier sizes by largest remainder, order seeded."""
+    tiers = parse_capacity(spec)
+    if not tiers:
+        return None
+    counts = [int(math.floor(f * num_clients)) for _, f in tiers]
+    rema = sorted(range(len(tiers)), key=lambda i: -(tiers[i][1] * num_clients - counts[i]))
+    for i in rema[: num_clients - sum(counts)]:
+        counts[i] += 1
+    keeps = np.concatenate([np.full(c, k) for (k, _), c in zip(tiers, counts)])
+    return np_rng(seed, "capacity").permutation(keeps)
+
+
+def assign_local_steps(num_clients: int, steps: int, fraction: float, straggler_steps: float, seed: int) -> np.ndarray:
+    """A seeded set of round(fraction * N) stragglers runs ceil(straggler_steps * S) steps."""
+    out = np.full(num_clients, steps, dtype=np.int64)
+    k = int(round(fraction * num_clients))
+    if k:
+        who = np_rng(seed, "stragglers").choice(num_clients, size=k, replace=False)
+        out[who] = max(1, math.ceil(straggler_steps * steps))
+    return out
+
+
+def sample_round_clients(num_clients: int, participation: float, dropout: float, seed: int, round_: int) -> tuple[list[int], list[int]]:
+    """(sampled, dropped): max(1, round(frac*N)) clients without replacement, then each drops
+    out with probability `dropout`. Depends only on (seed, round), never on devices or ranks."""
+    m = max(1, int(round(participation * num_clients)))
+    chosen = np.sort(np_rng(seed, "participation", round_).choice(num_clients, size=m, replace=False))
+    drop = np_rng(seed, "dropout", round_).random(m) < dropout
+    return [int(c) for c in chosen[~drop]], [int(c) for c in chosen[drop]]
+
+
+def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> RunContext:
+    device = torch.device(distributed.local_device(cfg.device))  # "cuda" -> cuda:LOCAL_RANK under torchrun
+    if data is None:
+        data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
+    labels = data.labels.numpy()
+    if cfg.data.clients > len(labels):
+        from dfbench.benchmark.core.config import ConfigError
+
+        raise ConfigError(f"invalid value for 'data.clients': {cfg.data.clients}; allowed: at most the {len(labels)} training samples")
+    part = datasets.partition(labels, cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
+                              min_size=cfg.data.min_client_size, images=data.images)
+    images = data.images.to(device)
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    model = build_model(resolve_preset(cfg.train.model, cfg.data.dataset), images.shape[1]).to(device)
+    flat, layout = flatten_(model)
+    return RunContext(
+        cfg=cfg, device=device, images=images, labels=labels, partition=part,
+        client_indices=[torch.tensor(ix, dtype=torch.long, device=device) for ix in part.indices],
+        client_sizes=np.array([len(ix) for ix in part.indices], dtype=np.int64),
+        model=model, flat=flat, layout=layout, init_params=flat.detach().clone(),
+        capacity=assign_tiers(cfg.data.clients, cfg.system.capacity, cfg.seed),
+        local_steps=assign_local_steps(cfg.data.clients, cfg.train.local_steps, cfg.system.stragglers, cfg.system.straggler_steps, cfg.seed),
+    )

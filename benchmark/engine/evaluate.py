@@ -1,0 +1,241 @@
+"""Evaluation of a trained run: fixed-noise samples, grid.png, metrics.json, status.
+
+The samples are saved (samples.npz, uint8), so `dfbench eval RUN_DIR` can score a run
+later — e.g. once the Inception weights have been placed — without re-sampling.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfbench import methods
+
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.diffusion import fixed_noise
+from dfbench.benchmark.metrics.drift import attach_drift
+
+
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] float -> uint8 [0, 255], rounding to nearest (as torchvision's save_image)."""
+    return ((x.clamp(-1, 1) + 1) * 127.5 + 0.5).floor().clamp(0, 255).to(torch.uint8)
+
+
+def save_grid(images: torch.Tensor, side: int, path: Path) -> None:
+    """An side x side grid of uint8 [N, C, H, W] images with a 2-pixel border, as PNG."""
+    from PIL import Image
+
+    n, c, h, w = images.shape
+    pad = 2
+    canvas = np.full((side * (h + pad) + pad, side * (w + pad) + pad, c), 255, dtype=np.uint8)
+    for i in range(min(n, side * side)):
+        r, q = divmod(i, side)
+        y, x = pad + r * (h + pad), pad + q * (w + pad)
+        canvas[y:y + h, x:x + w] = images[i].permute(1, 2, 0).numpy()
+    img = Image.fromarray(canvas[..., 0] if c == 1 else canvas)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    runfolder.atomic_write_bytes(path, buf.getvalue())  # a kill never leaves half a PNG
+
+
+def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor) -> torch.Tensor:
+    """All evaluation samples from the fixed noises (shared by every method of a dataset)."""
+    noise = fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)
+    return to_uint8(method.sample(params, noise, ctx).cpu())
+
+
+def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False,
+          clients: Callable[[], tuple[Any, ...]] | None = None) -> tuple[list[dict[str, Any]], str | None, list[str]]:
+    """(evaluation rows, the reason they are incomplete or None, notes on metrics left out).
+
+    `clients()` gives (client index arrays, expert of each client, size of the clients' split,
+    why there are none) for per-client quality. Bootstrap intervals are seeded by the run's seed.
+    """
+    from dfbench.benchmark.metrics.scoring import MissingWeightsError, evaluate_samples
+
+    if cfg.eval.metrics == "none":  # training-only runs (tests, timing): samples and grid, no score
+        return [], None, []
+    client_indices, expert_of_client, split_size, why_no_clients = clients() if clients else (None, None, None, None)
+    try:
+        rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
+                                       data_root=cfg.data.root, device=cfg.device, progress=progress, seed=cfg.seed,
+                                       client_indices=client_indices, group_of_client=expert_of_client,
+                                       client_split_size=split_size)
+    except MissingWeightsError as err:
+        return [], str(err), []
+    for row in rows:
+        row.update(sampler=sampler, sampler_steps=cfg.eval.sampler_steps)
+    return rows, None, notes + ([why_no_clients] if why_no_clients else [])
+
+
+def _clients(cfg: RunConfig, ctx: Any = None, method: Any = None,
+             run: Path | None = None) -> tuple[list[np.ndarray] | None, np.ndarray | None, int | None, str | None]:
+    """(client index arrays, group of each client or None, size of their split, why not) for per-client quality.
+
+    The group of a client (an expert, for expert mixtures) is the method's `client_groups` hook.
+
+    From the run's context when it is at hand; otherwise (`dfbench eval`) the partition is
+    rebuilt -- a pure function of (labels, spec, seed) -- and checked against partition.json.
+    """
+    if ctx is not None:
+        part, size = ctx.partition, len(ctx.labels)
+    else:
+        from dfbench import datasets
+
+        from dfbench.benchmark.core.seeds import derive_seed
+
+        data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
+        part = datasets.partition(data.labels.numpy(), cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
+                                  min_size=cfg.data.min_client_size, images=data.images)
+        size = len(data.labels)
+        saved = runfolder.read_json(run / "partition.json") if run is not None and (run / "partition.json").exists() else {}
+        if saved.get("indices_sha256") not in (None, part.digest()):
+            return None, None, None, "per-client quality: the rebuilt partition differs from partition.json; rerun the evaluation in the run"
+        method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    groups = method.client_groups(cfg, part.cluster_of_client)
+    return [np.asarray(ix) for ix in part.indices], groups, size, None
+
+
+def _metrics(cfg: RunConfig) -> Any:
+    return "auto" if cfg.eval.metrics == "auto" else [m.strip() for m in cfg.eval.metrics.split(",") if m.strip()]
+
+
+def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, state: methods.ServerState,
+                   ema: torch.Tensor | None, totals: dict[str, Any], extra: dict[str, Any], progress: bool = True) -> None:
+    t0 = time.perf_counter()
+    params = ema if ema is not None else state.params
+    ctx.progress = progress
+    samples = generate(cfg, ctx, method, params)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, images=samples.numpy())
+    runfolder.atomic_write_bytes(d / "samples.npz", buf.getvalue())  # `dfbench eval` never reads half a file
+    save_grid(samples, cfg.eval.grid, d / "grid.png")
+    # a method with its own sampler (e.g. an expert mixture's velocity-space ODE) names it
+    sampler = method.sampler_label(cfg) or ctx.sampler_name(cfg.train.objective)
+    rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
+    rounds = runfolder.read_rounds(d)
+    metrics = {
+        "evaluations": rows,
+        "rounds": cfg.train.rounds,
+        "uplink_bits": int(totals["uplink_bits"]),
+        "downlink_bits": int(totals["downlink_bits"]),
+        "dropped_updates": int(totals["dropped_updates"]),
+        "gamma_star": totals["gamma_star"],
+        "w2_mean": float(np.mean([r["w2"] for r in rounds])) if rounds else None,
+        "train_wall_seconds": round(float(totals["wall_seconds"]), 3),
+        "eval_wall_seconds": round(time.perf_counter() - t0, 3),
+        "wall_seconds": round(float(totals["wall_seconds"]) + time.perf_counter() - t0, 3),
+        "num_parameters": int(ctx.layout.total),
+        "used_ema": ema is not None,
+        "environment": runfolder.environment(cfg.device),
+        **extra,
+    }
+    if pending:
+        metrics["evaluation_pending"] = pending
+    if notes:  # metrics that could not be computed: absent from the rows, said here
+        metrics["evaluation_notes"] = notes
+    attach_drift(d, metrics, device=cfg.device)  # same-noise drift vs the dense reference, when it is done
+    runfolder.write_json(d / "metrics.json", metrics)
+    runfolder.write_status(d, "done", **({"evaluation_pending": pending} if pending else {}))
+
+
+def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
+    """`dfbench eval RUN_DIR`: score a finished run's saved samples (e.g. after placing weights)."""
+    d = Path(d)
+    if not (d / "config.json").exists():
+        raise FileNotFoundError(f"{d} is not a run folder (no config.json); pass the folder that `dfbench run` printed")
+    cfg = RunConfig.from_dict(runfolder.read_json(d / "config.json"))
+    samples = _saved_samples(d, cfg)
+    from dfbench.benchmark.engine.diffusion import default_sampler
+
+    metrics = runfolder.read_json(d / "metrics.json") if (d / "metrics.json").exists() else {}
+    method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    sampler = method.sampler_label(cfg) or (default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler)
+    rows, pending, notes = score(d, cfg, samples, sampler, clients=lambda: _clients(cfg, run=d))
+    if pending:
+        raise RuntimeError(pending)
+    metrics["evaluations"] = rows
+    metrics.pop("evaluation_pending", None)
+    metrics.pop("evaluation_notes", None)
+    if notes:
+        metrics["evaluation_notes"] = notes
+    attach_drift(d, metrics, device=cfg.device)
+    runfolder.write_json(d / "metrics.json", metrics)
+    runfolder.write_status(d, "done")
+    return rows
+
+
+def _saved_samples(d: Path, cfg: RunConfig) -> torch.Tensor:
+    """The images of samples.npz; a finished run whose samples.npz was deleted gets it regenerated from
+    its final checkpoint (the same images). A damaged file is named, never unpickled."""
+    import zipfile
+    import zlib
+
+    path = d / runfolder.SAMPLES
+    status = runfolder.read_status(d) or {}
+    if not path.exists():
+        if status.get("state") != runfolder.DONE:
+            raise FileNotFoundError(f"{d} has no {runfolder.SAMPLES}: the run has not finished; rerun `dfbench run` "
+                                    f"with the same config to resume it (it evaluates the run when training ends)")
+        return regenerate_samples(d, cfg)
+    problem = None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:2] != b"PK":  # an .npz is a zip archive; anything else is damage (numpy would try pickle)
+            problem = "not a .npz (zip) archive"
+        else:
+            with np.load(path, allow_pickle=False) as z:
+                if "images" not in z.files:
+                    problem = f"no 'images' array (it holds {', '.join(z.files) or 'nothing'})"
+                else:
+                    images = z["images"]
+                    if images.dtype != np.uint8 or images.ndim != 4:
+                        problem = f"'images' is {images.dtype} of shape {list(images.shape)}, not uint8 [N, C, H, W]"
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        said = str(err).splitlines()[0] if str(err).strip() else ""
+        problem = f"unreadable ({type(err).__name__}{': ' + said if said and 'pickle' not in said else ''})"
+    if problem is not None:
+        raise ValueError(f"{path} is corrupt: {problem}. It holds the run's evaluation samples, which can be made "
+                         f"again from the run's final checkpoint: delete it and run `dfbench eval {d}` again "
+                         f"(it regenerates {runfolder.SAMPLES}, then scores it)")
+    return torch.from_numpy(images)
+
+
+def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: bool = False) -> torch.Tensor:
+    """A finished run's evaluation samples again, from its final checkpoint, and samples.npz rewritten.
+
+    The resume path of `_run` with no round left: the method's state from the final checkpoint
+    (saved after finalize, so an expert mixture's router is restored, not retrained), then the
+    same fixed noises and sampler. `dfbench eval` uses it when samples.npz is missing.
+    Raises FileNotFoundError when the final checkpoint is not there (the run never finished).
+    """
+    from dfbench.benchmark.engine.context import build_context
+
+    ctx = build_context(cfg, data=data)
+    method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    if cfg.train.compile:
+        ctx.model.compile()
+    method.init_state(ctx.init_params, ctx)  # sets up the method (e.g. which expert owns which client)
+    ck = runfolder.load_checkpoint(d, str(ctx.device))
+    if ck is None or ck["round"] != cfg.train.rounds:
+        found = "none readable" if ck is None else f"the newest is round {ck['round']}"
+        raise FileNotFoundError(f"{d / runfolder.CHECKPOINTS} holds no final checkpoint (round {cfg.train.rounds}; "
+                                f"{found}) to regenerate {runfolder.SAMPLES} from; rerun `dfbench run` with the same "
+                                f"config and --force to train and evaluate the run again")
+    state = methods.ServerState(params=ck["params"], extra=ck["extra"])
+    method.finalize(state, ctx)
+    ema = ck.get("ema")
+    ctx.progress = progress
+    samples = generate(cfg, ctx, method, ema if ema is not None else state.params)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, images=samples.numpy())
+    runfolder.atomic_write_bytes(d / runfolder.SAMPLES, buf.getvalue())
+    return samples

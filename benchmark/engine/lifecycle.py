@@ -1,0 +1,237 @@
+"""The run's life cycle: lock, status, resume, the rounds, evaluation. It knows no particular method.
+
+run(cfg, out):
+    lock the run folder (rank 0), decide: done / locked / run (every rank follows rank 0)
+    build the context (data, partition, model), write config.json, partition.json, status running
+    resume from the newest readable checkpoint, or start from the seeded initial state
+    for r in rounds: train_round (training.py) -> rounds.jsonl row, atomic checkpoint
+    method.finalize, then evaluation (evaluate.py): samples, grid.png, metrics.json, status done
+Every way out leaves a status behind: done, diverged, failed (with the error), interrupted
+(SIGTERM, via `Interrupted`: the next run resumes it) or running (killed, Ctrl-C: resumed too).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from dfbench import methods
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.core.config import RunConfig, check_world, round_lr
+from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
+from dfbench.benchmark.engine import distributed
+from dfbench.benchmark.engine.context import RunContext, build_context
+from dfbench.benchmark.engine.training import train_round
+
+
+class Diverged(RuntimeError):
+    """The global model became non-finite."""
+
+
+def _is_finite(state: methods.ServerState) -> bool:
+    return bool(torch.isfinite(state.params).all())
+
+
+class Interrupted(SystemExit):
+    """A signal stopped the process (`dfbench run` / `grid` turn SIGTERM into this: Slurm's time limit,
+    preemption, `kill`). The run's status becomes "interrupted" (resumable) and its lock is released on
+    the way out; the exit status is 128 + the signal number, as for a process the signal killed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+
+class OutOfMemory(RuntimeError):
+    """The run did not fit in GPU memory; the message names the settings to lower."""
+
+
+def oom_message(cfg: RunConfig, err: BaseException) -> str:
+    """What to lower after torch.cuda.OutOfMemoryError (one line: the grid's note shows it whole)."""
+    from dfbench.benchmark.engine.model import PRESETS, resolve_preset
+
+    t = cfg.train
+    preset = resolve_preset(t.model, cfg.data.dataset)
+    hint = (f"lower train.batch_size (now {t.batch_size}), choose a smaller train.model (now {t.model!r} = {preset}; "
+            f"presets from small to large: {', '.join(PRESETS)})")
+    if t.clients_mode == "batched":
+        group = str(t.client_batch) if t.client_batch else "0 = all of a round's clients at once"
+        hint += f", or lower train.client_batch, the clients trained together (now {group})"
+    else:
+        hint += " (train.client_batch, the clients trained together, applies with train.clients_mode=batched)"
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"out of GPU memory on {cfg.device}: {hint}; e.g. --set train.batch_size={max(1, t.batch_size // 2)}. "
+            f"CUDA said: {said}")
+
+
+def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True, data: Any = None,
+        wait: bool = False, lock: RunLock | None = None) -> Path:
+    """Train and evaluate one run; resume it if its folder has a checkpoint. Returns the run folder.
+
+    Rank 0 first takes the run folder's lock (benchmark/core/lock.py), before anything is written, and
+    releases it on every way out. If a live process owns the run, LockHeld is raised at once on
+    every rank (wait=True: wait for it instead). `lock`: one the caller already holds (a grid
+    worker); the caller releases it.
+    """
+    rank, world = distributed.rank_world()
+    check_world(cfg, world)  # e.g. per-client state across ranks: refused before the lock, a folder or any data
+    d = runfolder.run_dir(out, cfg)
+    writer = rank == 0
+    mine: RunLock | None = None
+    verdict = "run"  # "run", "done" or the LockHeld message: rank 0 decides, every rank follows
+    if writer and lock is None:
+        mine = RunLock(d)
+        try:
+            mine.acquire(wait=wait)
+        except LockHeld as err:
+            verdict, mine = str(err), None
+    try:
+        # Rank 0 alone reads the run folder (the others may not share its filesystem); every rank
+        # follows its verdict, so a done or locked run returns on all ranks, not on some of them.
+        if writer and verdict == "run":
+            status = runfolder.read_status(d)
+            # "diverged" is final too: the same config diverges again at the same round (no RNG state)
+            if status and status["state"] in runfolder.FINAL_STATES and not force:
+                verdict = "done"
+            elif force:
+                runfolder.clear_run_dir(d, keep=(runfolder.LOCK,))  # the lock stays: we own the folder throughout
+        verdict = distributed.broadcast_object(verdict, what="the start-up check of the run folder")
+        if verdict == "done":
+            return d
+        if verdict != "run":
+            raise LockHeld(verdict)
+        return _guarded_run(cfg, d, writer, rank, world, progress, data, lock or mine)
+    finally:
+        if mine is not None:
+            mine.release()
+
+
+def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, progress: bool, data: Any,
+                 lock: RunLock | None) -> Path:
+    """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
+    ctx = build_context(cfg, data=data)
+    ctx.rank, ctx.world = rank, world
+    method = methods.create_method(cfg.method, **dict(cfg.method_params))
+
+    def owner() -> bool:  # rank 0, and still the owner (a lock taken over means: write nothing more)
+        return writer and not (lock is not None and lock.lost)
+
+    if writer:
+        d.mkdir(parents=True, exist_ok=True)
+        runfolder.write_json(d / runfolder.CONFIG, {"run_id": cfg.run_id(), **cfg.to_dict()})
+        runfolder.write_json(d / runfolder.PARTITION, ctx.partition.to_json(ctx.labels))
+        runfolder.write_status(d, runfolder.RUNNING)
+    try:
+        return _run(cfg, ctx, method, d, writer, progress, owner)
+    except Interrupted as err:  # SIGTERM: resumable; not "failed" (the grid would skip it)
+        if owner():
+            _final_status(d, runfolder.INTERRUPTED, error=f"stopped by {err.signal_name}; a rerun resumes it "
+                                                          "from its newest checkpoint")
+        raise
+    except Diverged as err:
+        if owner():
+            runfolder.write_status(d, runfolder.DIVERGED, error=str(err))
+        return d
+    except torch.cuda.OutOfMemoryError as err:
+        msg = oom_message(cfg, err)
+        if owner():
+            _final_status(d, runfolder.FAILED, error=f"OutOfMemory: {msg}", traceback=traceback.format_exc())
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # a grid worker goes on with its next cell
+        raise OutOfMemory(msg) from err
+    except Exception as err:  # not BaseException: after Ctrl-C / SystemExit the status stays "running"
+        # (unfinished, like a killed run), so the next `dfbench run` or grid resumes it
+        if owner():
+            _final_status(d, runfolder.FAILED, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+        raise
+
+
+def _final_status(d: Path, state: str, **extra: Any) -> None:
+    """The status a way out leaves, best effort: it never overwrites a final one (a signal that arrives
+    after "done" was written), and a status that cannot be written (the disk is full) stays what it was
+    ("running": resumable too) instead of hiding the error that brought us here."""
+    try:
+        now = runfolder.read_status(d) or {}
+        if now.get("state") in runfolder.FINAL_STATES:
+            return
+        runfolder.write_status(d, state, **extra)
+    except (OSError, ValueError):  # ValueError: an unreadable status.json (JSONDecodeError)
+        pass
+
+
+def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool,
+         owner: Callable[[], bool] = lambda: True) -> Path:
+    if cfg.train.compile:  # in place: the parameters stay views of ctx.flat (validated: CUDA, sequential clients)
+        ctx.model.compile()
+    state = method.init_state(ctx.init_params, ctx)
+    ema = state.params.clone() if cfg.train.ema > 0 else None
+    totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None}
+    ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None
+    # Every rank starts from rank 0's state: the resumed checkpoint (only rank 0 reads it) or
+    # its fresh initial state (seeded, so equal anyway; the broadcast makes sure of it).
+    start = distributed.broadcast_tree(
+        ck if ck is not None else {"round": 0, "params": state.params, "extra": state.extra, "ema": ema, "totals": totals},
+        ctx.device, what="the start-up broadcast of the run state")
+    state = methods.ServerState(params=start["params"], extra=start["extra"])
+    ema, start_round, totals = start.get("ema"), start["round"] + 1, start["totals"]
+    if ck is not None:  # (only rank 0 holds one)
+        runfolder.truncate_rounds(d, ck["round"])
+    elif writer and (d / runfolder.ROUNDS).exists():
+        (d / runfolder.ROUNDS).unlink()
+    bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
+    for r in bar:
+        state, row = train_round(method, state, ctx, r)
+        if writer and not owner():
+            raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
+                           f"e.g. it was paused); stopping without writing round {r}")
+        if row["gamma"] is not None and row["clients"]:
+            totals["gamma_star"] = row["gamma"] if totals["gamma_star"] is None else min(totals["gamma_star"], row["gamma"])
+        row["gamma_star"] = totals["gamma_star"]
+        for k in ("uplink_bits", "downlink_bits", "dropped_updates", "wall_seconds"):
+            totals[k] += row[k]
+        if not _is_finite(state):
+            if writer:
+                runfolder.append_round(d, {**row, "diverged": True})
+            raise Diverged(f"global model became non-finite in round {r} (lr={round_lr(cfg.train, r):g}); try a smaller train.lr or train.grad_clip")
+        if ema is not None:
+            ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
+        if writer:
+            runfolder.append_round(d, row)
+            if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds:
+                runfolder.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+        if hasattr(bar, "set_postfix") and row["loss"] is not None:
+            bar.set_postfix(loss=f"{row['loss']:.4f}")
+    # No collective after the last round: the other ranks leave now, rank 0 finalizes
+    # (e.g. trains an expert mixture's router; finalize must not use collectives) and evaluates.
+    if not writer:
+        return d
+    extra_metrics = method.finalize(state, ctx)
+    if not owner():
+        raise LockLost(f"the lock of {d} was taken over by another process; stopping without evaluating")
+    # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
+    # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
+    runfolder.save_checkpoint(d, cfg.train.rounds, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    from dfbench.benchmark.engine.evaluate import evaluate_state
+
+    evaluate_state(d, cfg, ctx, method, state, ema, totals, extra_metrics, progress=progress)
+    return d
+
+
+def _progress(it: Any, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, leave=False, dynamic_ncols=True)

@@ -1,0 +1,171 @@
+"""One communication round: the shared round of every method. It knows nothing about any particular method.
+
+round r:
+    sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
+    local training (the ONE shared step)  ->  local parameters from plan.start
+        (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/engine/batched.py)
+    upload = method.upload(local)         ->  method.accumulate(acc, upload)
+    all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
+    diagnostics -> the rounds.jsonl row (the run's life cycle, lifecycle.py, writes it and checkpoints)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfbench import methods
+from dfbench.benchmark.core.config import round_lr
+from dfbench.benchmark.engine import batched, distributed
+from dfbench.benchmark.engine.context import RunContext, sample_round_clients
+from dfbench.benchmark.engine.local_step import StepSettings, local_train
+
+
+ROUND_SUMS = ("loss", "w2", "sigma1_sq", "sigma1_n", "uplink_bits", "downlink_bits", "nonfinite")
+
+
+class RoundSums:
+    """The round's scalar sums by name, in ONE float64 tensor (one all_reduce sums them all)."""
+
+    KEY = "d_scalars"  # its entry in the round's accumulator dict
+
+    def __init__(self, acc: dict[str, torch.Tensor]) -> None:
+        self.tensor = acc[self.KEY]
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> torch.Tensor:
+        return torch.zeros(len(ROUND_SUMS), dtype=torch.float64, device=device)
+
+    def add(self, name: str, value: float) -> None:
+        self.tensor[ROUND_SUMS.index(name)] += value
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """The 0-d float64 sum `name` (a tensor element: divide it, or float() it)."""
+        return self.tensor[ROUND_SUMS.index(name)]
+
+
+@dataclass
+class ClientStats:
+    """One participating client's numbers in a round (the per-client lists of rounds.jsonl)."""
+
+    steps: int
+    loss: float
+    uplink_bits: int
+    downlink_bits: int
+    trained_params: int  # its sub-model's size (the full model by default)
+    flop_fraction: float
+
+
+def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, torch.Tensor]:
+    """Loop-owned sums for the diagnostics (Qiao et al. bound terms), all_reduce-able."""
+    p = state.params.reshape(-1, ctx.layout.total)
+    f64 = dict(dtype=torch.float64, device=p.device)
+    return {
+        "d_count": torch.zeros_like(p),  # clients that trained each parameter
+        "d_usum": torch.zeros_like(p),  # sum of updates (unweighted), for sigma_2^2
+        "d_usq": torch.zeros(p.shape[0], **f64),  # sum of ||update||^2
+        "d_n": torch.zeros(p.shape[0], **f64),  # updates per group
+        RoundSums.KEY: RoundSums.zeros(p.device),  # named scalars (ROUND_SUMS)
+    }
+
+
+def _num(x: float) -> float | None:
+    """A finite float for rounds.jsonl, else None (keeps the file strict JSON)."""
+    return round(x, 6) if np.isfinite(x) else None
+
+
+def train_round(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int,
+                mechanisms: Sequence[methods.Mechanism] = ()) -> tuple[methods.ServerState, dict[str, Any]]:
+    """One communication round; returns the new state and the rounds.jsonl row.
+
+    `mechanisms` (methods.base.Mechanism) wrap the accumulation for every method: each sees
+    every decoded upload before `method.accumulate`, and the all-reduced sums before `apply`.
+    """
+    t0 = time.perf_counter()
+    cfg = ctx.cfg
+    ctx.round = r
+    clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r)
+    # p_k = n_k / sum_j n_j over the round's clients (known to every rank: the client list is seeded)
+    ctx.round_weight = float(sum(ctx.client_sizes[k] for k in clients)) or 1.0
+    acc = method.new_accumulator(state, ctx)
+    acc.update(_diag_accumulator(state, ctx))
+    S = RoundSums(acc)
+    per_client: dict[int, ClientStats] = {}
+    settings = StepSettings.of(cfg.train, round_lr(cfg.train, r))
+    mine = distributed.my_share(clients, ctx.rank, ctx.world)
+    batched_plans = batched_results = None
+    if cfg.train.clients_mode == "batched":  # all plans first, then every client in lockstep (benchmark/engine/batched.py)
+        batched_plans = {k: method.client_view(state, k, ctx) for k in mine}
+        batched_results = batched.train_clients(ctx, batched_plans, r, settings)
+    for k in mine:
+        steps = int(ctx.local_steps[k])
+        if batched_plans is not None and batched_results is not None:
+            plan, res = batched_plans.pop(k), batched_results.pop(k)  # pop: each client's tensors freed once accumulated
+        else:
+            plan = method.client_view(state, k, ctx)
+            res = local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
+                              ctx.get_objective(plan.step.objective), plan.step, settings, steps=steps, gen=ctx.gen("client", r, k))
+        up = method.upload(res.params, plan, k, state, ctx)
+        S.add("uplink_bits", up.uplink_bits)
+        S.add("downlink_bits", plan.downlink_bits)
+        per_client[k] = ClientStats(steps=steps, loss=res.loss, uplink_bits=int(up.uplink_bits), downlink_bits=int(plan.downlink_bits),
+                                    trained_params=int(plan.trained_params if plan.trained_params is not None else ctx.layout.total),
+                                    flop_fraction=float(plan.flop_fraction))
+        if not torch.isfinite(up.params).all():
+            S.add("nonfinite", 1)  # dropped from aggregation, counted (a diverging client must not poison the model)
+            continue
+        for mech in mechanisms:
+            up = mech.on_upload(up, plan, ctx)
+        method.accumulate(acc, up, ctx)
+        g = up.group
+        update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
+        acc["d_count"][g].add_(up.mask if up.mask is not None else 1.0)
+        acc["d_usum"][g].add_(update)
+        acc["d_usq"][g] += update.double().square().sum()
+        acc["d_n"][g] += 1
+        if plan.step.mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client
+            theta = state.params.reshape(-1, ctx.layout.total)[g]
+            S.add("w2", float((theta * (1 - plan.step.mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30)))
+        S.add("loss", res.loss)
+        if res.sigma1_sq is not None:
+            S.add("sigma1_sq", res.sigma1_sq)
+            S.add("sigma1_n", 1)
+    distributed.all_reduce_(acc, what=f"round {r}'s all_reduce")
+    per_client = distributed.gather_dict(per_client, what=f"round {r}'s per-client gather")  # small; pickled
+    for mech in mechanisms:
+        mech.on_aggregate(acc, ctx)
+    state = method.apply(state, acc, ctx)
+    n_ok = float(acc["d_n"].sum())
+    count = acc["d_count"]
+    active = acc["d_n"] > 0  # groups that received updates this round
+    gamma = int(count[active].min()) if n_ok else 0
+    usum, usq, nn_ = acc["d_usum"][active], acc["d_usq"][active], acc["d_n"][active]
+    # sigma_2^2: mean over clients of ||delta_k - mean(delta)||^2 = E||delta||^2 - ||E delta||^2 (per group, pooled)
+    sigma2 = float(((usq - usum.double().square().sum(1) / nn_).sum() / nn_.sum())) if n_ok >= 2 else None
+    row = {
+        "round": r,
+        "clients": sorted(per_client),
+        "steps": [per_client[k].steps for k in sorted(per_client)],
+        "client_loss": [_num(per_client[k].loss) for k in sorted(per_client)],
+        "client_uplink_bits": [per_client[k].uplink_bits for k in sorted(per_client)],
+        "client_downlink_bits": [per_client[k].downlink_bits for k in sorted(per_client)],
+        "trained_params": [per_client[k].trained_params for k in sorted(per_client)],  # sub-model size (full model by default)
+        "flop_fraction": [round(per_client[k].flop_fraction, 6) for k in sorted(per_client)],
+        "dropped_clients": dropped,
+        "loss": float(S["loss"] / n_ok) if n_ok else None,
+        "uplink_bits": int(S["uplink_bits"]),
+        "downlink_bits": int(S["downlink_bits"]),
+        "dropped_updates": int(S["nonfinite"]),
+        "gamma": gamma,
+        "uncovered_fraction": float((count[active] == 0).double().mean()) if n_ok else 1.0,
+        "w2": float(S["w2"] / n_ok) if n_ok else 0.0,
+        "sigma1_sq": float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
+        "sigma2_sq": sigma2,
+        "wall_seconds": round(time.perf_counter() - t0, 4),
+    }
+    return state, row

@@ -1,0 +1,401 @@
+"""Sample-quality metrics against cached reference statistics.
+
+    images (uint8) -> Extractor.features -> mean / covariance -> frechet_distance (+ bootstrap interval)
+                                         -> features          -> kid, prdc, per-client distances
+                   -> pinned classifier  -> class histogram   -> class_tv, low_classes
+    reference split -> Extractor.features -> cached npz (mu, sigma, seeded subset + its indices, label counts)
+
+Metric names say which network produced them: ``fd_fmnist`` (the committed
+Fashion-MNIST classifier; never reported as FID), ``fid`` / ``kid``
+(pytorch-fid's TF-Inception port), ``fid_clean`` (clean-fid). Every row
+records the extractor and its weights' sha256, the backend, the resize, the
+number of samples and the reference split; every Frechet row its interval
+(``ci_low``, ``ci_high``, ``ci_level``, ``ci_method``, ``ci_replicates``;
+`benchmark.metrics.uncertainty`). Rows whose metric is better when higher carry
+``"better": "higher"``. Every metric name, its extractor and direction: `benchmark.metrics.table`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from dfbench.benchmark.metrics.features import (
+    Extractor,
+    MissingWeightsError,
+    WeightsHashError,
+    find_weights,
+    get_extractor,
+)
+from dfbench.benchmark.metrics import table
+from dfbench.benchmark.metrics.fid import GaussianMoments, frechet_distance, kid
+from dfbench.benchmark.metrics.folders import fid_between, load_image_source
+
+__all__ = [
+    "DATASET_SHAPES",
+    "Extractor",
+    "METRICS",
+    "MissingWeightsError",
+    "WeightsHashError",
+    "cache_dir",
+    "evaluate_images",
+    "evaluate_samples",
+    "fid_between",
+    "frechet_distance",
+    "get_extractor",
+    "kid",
+    "load_image_source",
+    "reference_stats",
+]
+
+MetricName = Literal["fd_fmnist", "fid", "kid", "fid_clean"]
+# The metrics eval.metrics may name; which extractor computes each: benchmark/metrics/table.py.
+METRICS: tuple[str, ...] = table.REQUESTABLE
+
+# Image shape [C, H, W] of each dataset: generated samples must match it.
+DATASET_SHAPES: dict[str, tuple[int, int, int]] = {
+    "fmnist": (1, 28, 28),
+    "svhn": (3, 32, 32),
+    "cifar10": (3, 32, 32),
+}
+
+# Reference features kept for KID, precision/recall/density/coverage and per-client
+# quality: a seeded subset (the full 60k x 2048 set would be ~0.5 GB even in
+# float32), stored in its seeded random order with its dataset indices. KID draws
+# subsets of 1000 from it; PRDC compares the N samples with its first N rows.
+KID_REFERENCE_SAMPLES = 10_000
+# Images per feature pass over a reference split (bounds host memory).
+_REFERENCE_CHUNK = 4096
+# Bump when the layout of the cached npz changes.
+_CACHE_VERSION = 2  # v2: subset in seeded order + its indices, reference label counts
+_CACHED_KEYS = ("mu", "sigma", "kid_features", "subset_indices", "label_counts", "num_samples")
+
+
+def cache_dir() -> Path:
+    """Where reference statistics are cached: $DFBENCH_CACHE, else ~/.cache/dfbench."""
+    env = os.environ.get("DFBENCH_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dfbench"
+
+
+def _load_dataset(dataset: str, split: str, root: str | Path | None) -> Any:
+    # Imported here: `datasets` (the project package) is only needed for
+    # reference statistics, not for comparing two folders.
+    from dfbench import datasets
+
+    return datasets.load(dataset, split, root=root)
+
+
+def _check_dataset(dataset: str) -> None:
+    if dataset not in DATASET_SHAPES:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(DATASET_SHAPES)}")
+
+
+def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write an npz so that readers see either nothing or the complete file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _reference_path(root: Path, dataset: str, split: str, dataset_sha: str, extractor: Extractor) -> Path:
+    name = f"{dataset}-{split}-{dataset_sha[:16]}-{extractor.name}-{extractor.sha256[:16]}-v{_CACHE_VERSION}.npz"
+    return root / "reference_stats" / name
+
+
+def _compute_reference(
+    images: torch.Tensor, extractor: Extractor, batch_size: int, progress: bool
+) -> dict[str, np.ndarray]:
+    count = images.shape[0]
+    subset = np.random.default_rng(0).choice(count, min(count, KID_REFERENCE_SAMPLES), replace=False)
+    keep = np.sort(subset)  # streamed in dataset order, stored in the seeded order below
+    moments = GaussianMoments()
+    kid_rows = []
+    chunks = range(0, count, _REFERENCE_CHUNK)
+    if progress:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc=f"reference {extractor.name}", unit="chunk")
+    for start in chunks:
+        stop = min(start + _REFERENCE_CHUNK, count)
+        feats = extractor.features(images[start:stop], batch_size=batch_size)
+        moments.update(feats)
+        local = keep[(keep >= start) & (keep < stop)] - start
+        # Network features are float32, so storing the KID subset as float32 is lossless.
+        kid_rows.append(feats[local].astype(np.float32))
+    mu, sigma = moments.finalize()
+    feats = np.concatenate(kid_rows)[np.searchsorted(keep, subset)]
+    return {"mu": mu, "sigma": sigma, "kid_features": feats, "subset_indices": subset.astype(np.int64),
+            "num_samples": np.array(count)}
+
+
+def _reference(
+    dataset: str,
+    split: str,
+    extractor: Extractor,
+    *,
+    data_root: str | Path | None,
+    cache_dir_: str | Path | None,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> dict[str, np.ndarray]:
+    """Cached reference arrays: mu, sigma, kid_features (the seeded subset), subset_indices,
+    label_counts (per class, of the split's labels), num_samples."""
+    _check_dataset(dataset)
+    data = _load_dataset(dataset, split, data_root)
+    root = Path(cache_dir_) if cache_dir_ is not None else cache_dir()
+    path = _reference_path(root, dataset, split, data.sha256, extractor)
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as cached:
+            # The file name holds hash prefixes; the full hashes inside decide.
+            if str(cached["dataset_sha256"]) == data.sha256 and str(cached["extractor_sha256"]) == extractor.sha256:
+                return {key: cached[key] for key in _CACHED_KEYS}
+    arrays = _compute_reference(data.images, extractor, batch_size, progress)
+    arrays["label_counts"] = np.bincount(np.asarray(data.labels, dtype=np.int64))
+    _atomic_savez(
+        path,
+        {
+            **arrays,
+            "dataset_sha256": np.array(data.sha256),
+            "extractor_sha256": np.array(extractor.sha256),
+            "extractor": np.array(extractor.name),
+        },
+    )
+    return arrays
+
+
+def reference_stats(
+    dataset: str,
+    split: str,
+    extractor: Extractor,
+    *,
+    data_root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, covariance) of `extractor` features over a dataset split, float64.
+
+    Computed once and cached as an npz under a key made of the dataset, split,
+    the dataset's source sha256, the extractor name and its weights' sha256;
+    later calls read the file. Written atomically.
+    """
+    arrays = _reference(
+        dataset, split, extractor, data_root=data_root, cache_dir_=cache_dir, batch_size=batch_size, progress=progress
+    )
+    return np.asarray(arrays["mu"], dtype=np.float64), np.asarray(arrays["sigma"], dtype=np.float64)
+
+
+def _resolve_metrics(
+    metrics: Sequence[str] | str, dataset: str, inception_weights: str | Path | None
+) -> list[str]:
+    if isinstance(metrics, str):
+        if metrics != "auto":
+            raise ValueError(
+                f"metrics must be 'auto' or a list drawn from {list(METRICS)}, got {metrics!r} "
+                f"(for one metric pass a list, e.g. [{metrics!r}])"
+            )
+        try:
+            find_weights("inception", inception_weights)
+        except MissingWeightsError:
+            if inception_weights is not None:
+                raise  # an explicit path that does not exist is an error, not a silent skip
+            available = False
+        else:
+            available = True
+        return table.auto_metrics(dataset, available)
+    chosen = list(metrics)
+    table.check_requested(chosen, dataset)
+    return chosen
+
+
+def _check_images(images: torch.Tensor, dataset: str) -> None:
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+        raise TypeError(
+            "images must be a uint8 torch.Tensor [N, C, H, W] with values 0..255; convert samples in "
+            "[-1, 1] with ((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)"
+        )
+    expected = DATASET_SHAPES[dataset]
+    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+        raise ValueError(
+            f"images for {dataset!r} must have shape [N, {', '.join(map(str, expected))}], got {tuple(images.shape)}"
+        )
+    if images.shape[0] < 2:
+        raise ValueError(f"need at least 2 images for a covariance, got {images.shape[0]}")
+
+
+def evaluate_images(
+    images: torch.Tensor,
+    dataset: str,
+    *,
+    metrics: Sequence[str] | Literal["auto"] = "auto",
+    reference_split: str = "train",
+    data_root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    inception_weights: str | Path | None = None,
+    clean_weights: str | Path | None = None,
+    device: str = "cpu",
+    batch_size: int = 256,
+    kid_subsets: int = 100,
+    kid_subset_size: int = 1000,
+    bootstrap: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Score uint8 samples [N, C, H, W] of `dataset` against its `reference_split`.
+
+    metrics: "auto" = ["fd_fmnist"] for fmnist, plus ["fid", "kid"] when the
+    Inception weights are found; ["fid", "kid"] for svhn / cifar10 (raises
+    `MissingWeightsError` without the weights). Explicit metrics whose weights
+    are missing raise before any feature is computed. Returns one dict per
+    metric, in the order requested, each with its interval (ci_low, ci_high,
+    ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
+    over the samples with `bootstrap` replicates (None: 200 up to 512-d
+    features, 100 above; 0: no interval), seeded by `seed`.
+    """
+    rows, _ = evaluate_samples(
+        images, dataset, metrics=metrics, reference_split=reference_split, data_root=data_root,
+        cache_dir=cache_dir, inception_weights=inception_weights, clean_weights=clean_weights, device=device,
+        batch_size=batch_size, kid_subsets=kid_subsets, kid_subset_size=kid_subset_size, bootstrap=bootstrap,
+        seed=seed, quality=False, progress=progress,
+    )
+    return rows
+
+
+def evaluate_samples(
+    images: torch.Tensor,
+    dataset: str,
+    *,
+    metrics: Sequence[str] | Literal["auto"] = "auto",
+    reference_split: str = "train",
+    data_root: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    inception_weights: str | Path | None = None,
+    clean_weights: str | Path | None = None,
+    device: str = "cpu",
+    batch_size: int = 256,
+    kid_subsets: int = 100,
+    kid_subset_size: int = 1000,
+    bootstrap: int | None = None,
+    seed: int = 0,
+    quality: bool = True,
+    client_indices: Sequence[np.ndarray] | None = None,
+    group_of_client: np.ndarray | None = None,
+    client_split_size: int | None = None,
+    progress: bool = False,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`evaluate_images` plus, with `quality`, the rows that say *why* a score is what it is.
+
+    Per extractor: precision / recall / density / coverage (``precision_<extractor>``, ...;
+    `benchmark.metrics.prdc`) of the samples against as many rows of the cached reference subset;
+    mode coverage (``class_tv``, ``low_classes``; `benchmark.metrics.coverage`) when the dataset has
+    a classifier; per-client quality (``client_<fd>_mean`` / ``_worst``, and
+    ``expert_<fd>_worst`` -- the worst group of clients -- given `group_of_client`, the group
+    (e.g. expert) index of each client; `benchmark.metrics.client_quality`) given the
+    clients' training-split indices (`client_split_size`: how many images that split has, checked
+    against the reference so indices never point into another image set). Returns (rows, notes): a metric that cannot be
+    computed is left out and a note says why.
+    """
+    from dfbench.benchmark.metrics.client_quality import client_quality_rows
+    from dfbench.benchmark.metrics.coverage import mode_coverage_rows
+    from dfbench.benchmark.metrics.prdc import prdc
+    from dfbench.benchmark.core.seeds import derive_seed
+    from dfbench.benchmark.metrics.uncertainty import FrechetReference, default_replicates
+
+    _check_dataset(dataset)
+    _check_images(images, dataset)
+    chosen = _resolve_metrics(metrics, dataset, inception_weights)
+    if bootstrap is not None and (bootstrap < 0 or bootstrap == 1):
+        raise ValueError(f"bootstrap must be 0 (no interval), >= 2 replicates, or None (default), got {bootstrap}")
+    if client_indices is not None and group_of_client is not None and len(group_of_client) != len(client_indices):
+        raise ValueError(f"group_of_client has {len(group_of_client)} entries for {len(client_indices)} clients")
+
+    # Fail on missing weights before any (slow) feature work.
+    needed = list(dict.fromkeys(str(table.extractor_of(m)) for m in chosen))
+    given = {"inception": inception_weights, "clean": clean_weights}
+    paths = {name: find_weights(name, given[name]) for name in needed if name != "fmnist"}  # type: ignore[arg-type]
+    extractors = {name: get_extractor(name, weights=paths.get(name), device=device) for name in needed}  # type: ignore[arg-type]
+
+    reference = f"{dataset}/{reference_split}"
+    count = int(images.shape[0])
+    rows: dict[str, dict[str, Any]] = {}
+    extra: list[dict[str, Any]] = []
+    notes: list[str] = []
+    label_counts = None
+    for name, extractor in extractors.items():
+        feats = extractor.features(images, batch_size=batch_size, device=device, progress=progress)
+        ref = _reference(
+            dataset, reference_split, extractor,
+            data_root=data_root, cache_dir_=cache_dir, batch_size=batch_size, progress=progress,
+        )
+        label_counts = ref["label_counts"]
+        common = {"extractor": extractor.name, "extractor_sha256": extractor.sha256, "backend": extractor.backend,
+                  "resize": extractor.resize, "num_samples": count, "reference": reference}
+        for metric in (m for m in chosen if table.extractor_of(m) == name):
+            interval = None
+            if metric == "kid":
+                value, std_err = kid(
+                    feats, ref["kid_features"], num_subsets=kid_subsets, subset_size=kid_subset_size, seed=0
+                )
+                std_err = None if np.isnan(std_err) else float(std_err)
+                if std_err is not None:  # normal interval from the spread of the subset estimates
+                    interval = {"ci_low": value - 1.96 * std_err, "ci_high": value + 1.96 * std_err, "ci_level": 0.95,
+                                "ci_method": "95% normal interval from the spread of KID subset estimates",
+                                "ci_replicates": kid_subsets}
+            else:
+                value = frechet_distance(feats.mean(axis=0), np.cov(feats, rowvar=False), ref["mu"], ref["sigma"])
+                std_err = None
+                replicates = default_replicates(extractor.dims) if bootstrap is None else bootstrap
+                if replicates:
+                    fd_ref = FrechetReference(ref["mu"], ref["sigma"], device=device)  # sqrt(Sigma_ref) once
+                    _, ci, _ = fd_ref.bootstrap(feats, replicates=replicates, seed=derive_seed(seed, "bootstrap", metric))
+                    interval = ci.as_row()
+            rows[metric] = {"metric": metric, "value": float(value), "std_err": std_err, **(interval or {}), **common}
+        if not quality:
+            continue
+        size = min(count, ref["kid_features"].shape[0])
+        if size <= 3:
+            notes.append(f"precision/recall/density/coverage ({name}): need more than 3 samples, got {size}")
+        else:
+            # equal set sizes, as in Kynkaanniemi et al. and Naeem et al.: k-NN radii depend on set size
+            scores = prdc(ref["kid_features"][:size], feats[:size])
+            named = {table.prdc_metric(key, name): value for key, value in scores.items()}
+            extra += [{"metric": metric, "value": value, "better": table.better(metric), "prdc_k": 3,
+                       "prdc_reference_rows": size, **common, "num_samples": size} for metric, value in named.items()]
+        if client_indices is None:
+            continue
+        client_names = table.client_metric_names(table.frechet_metric(name))
+        needs = table.reference_split_of(client_names[0], reference_split)
+        if needs != reference_split:
+            notes.append(f"per-client quality: needs eval.reference_split={needs} (the clients' split), got {reference_split!r}")
+            continue
+        if client_split_size is not None and client_split_size != int(ref["num_samples"]):
+            notes.append(f"per-client quality: the clients' data ({client_split_size} images) is not the "
+                         f"{reference} split ({int(ref['num_samples'])} images)")
+            continue
+        client_rows, why = client_quality_rows(
+            table.frechet_metric(name), feats, ref["kid_features"], ref["subset_indices"], client_indices,
+            group_of_client,
+        )
+        extra += [{**row, **common} for row in client_rows]
+        notes += [why] if why else []
+    if quality and label_counts is not None:
+        coverage_rows, why = mode_coverage_rows(
+            images, dataset, label_counts, device=device, seed=derive_seed(seed, "bootstrap", "class_tv"),
+            replicates=200,
+        )
+        extra += [{**row, "reference": reference} for row in coverage_rows]
+        notes += [why] if why else []
+    return [rows[m] for m in chosen] + extra, list(dict.fromkeys(notes))

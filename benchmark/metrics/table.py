@@ -1,0 +1,177 @@
+"""The one table of metrics: every metric row name dfbench writes, with what it needs and how to read it.
+
+    name                      extractor   better  kind      reference split  requestable  rank
+    fd_fmnist                 fmnist      lower   frechet   eval.*           yes          1  (fmnist only)
+    fid                       inception   lower   frechet   eval.*           yes          0  (ranks first)
+    kid                       inception   lower   kid       eval.*           yes
+    fid_clean                 clean       lower   frechet   eval.*           yes
+    precision_<ex>, recall_<ex>,
+    density_<ex>, coverage_<ex>   <ex>    higher  prdc      eval.*
+    client_<fd>_mean / _worst,
+    expert_<fd>_worst          <fd>'s     lower   client    train (the clients' own split)
+    class_tv, low_classes      (labels)   lower   coverage  eval.*
+
+``<ex>`` is each extractor (fmnist, inception, clean), ``<fd>`` its Frechet metric; "eval.*" is
+the run's ``eval.reference_split``. ``expert_<fd>_worst`` is the worst group of clients (an
+expert mixture's clients grouped by expert); its name is the metrics.json key and stays.
+
+Who reads it: `scoring` (which metrics exist, "auto", which extractor computes each, the row
+names and their ``better``), `client_quality` and `coverage` (row names, ``better``),
+`grid.fetch` (which weights a run's metrics need), `folders` (`dfbench fid`: the metric an
+extractor gives), `drift` (the extractors whose features a drift is measured in) and the
+reporter (ranking metric, direction). A metric is added here and nowhere else.
+
+Pure data: no torch, so the reporter and `dfbench fetch` import it cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dfbench.benchmark.metrics.prdc import PRDC_METRICS
+
+__all__ = [
+    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "METRICS", "Metric", "PRIMARY", "REQUESTABLE", "auto_metrics",
+    "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
+    "prdc_metric", "reference_split_of",
+]
+
+Better = Literal["lower", "higher"]
+Kind = Literal["frechet", "kid", "prdc", "client", "coverage"]
+# "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold
+ReferenceRule = Literal["eval", "train"]
+
+# Feature extractors (benchmark.metrics.features.get_extractor names, which are also the names the
+# metric rows record under "extractor"), in the order their metrics are listed.
+EXTRACTORS: tuple[str, ...] = ("fmnist", "inception", "clean")
+EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier", "inception": "pytorch-fid's Inception",
+                                    "clean": "clean-fid's Inception"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric row name of metrics.json ``evaluations``."""
+
+    name: str
+    extractor: str | None  # whose features it is computed from; None: the dataset classifier's labels (coverage.CLASSIFIERS)
+    better: Better
+    kind: Kind
+    reference: ReferenceRule = "eval"
+    requestable: bool = False  # may be named in eval.metrics (the others come with `quality`)
+    datasets: tuple[str, ...] | None = None  # only defined on these datasets (None: any)
+    rank: int | None = None  # the leaderboard ranks by the present metric of lowest rank
+
+
+def _entries() -> list[Metric]:
+    frechet = [
+        Metric("fd_fmnist", "fmnist", "lower", "frechet", requestable=True, datasets=("fmnist",), rank=1),
+        Metric("fid", "inception", "lower", "frechet", requestable=True, rank=0),
+        Metric("kid", "inception", "lower", "kid", requestable=True),
+        Metric("fid_clean", "clean", "lower", "frechet", requestable=True),
+    ]
+    out = list(frechet)
+    for ex in EXTRACTORS:
+        out += [Metric(f"{key}_{ex}", ex, "higher", "prdc") for key in PRDC_METRICS]
+    for m in frechet:
+        if m.kind == "frechet":
+            out += [Metric(name, m.extractor, "lower", "client", reference="train")
+                    for name in (f"client_{m.name}_mean", f"client_{m.name}_worst", f"expert_{m.name}_worst")]
+    out += [Metric("class_tv", None, "lower", "coverage"), Metric("low_classes", None, "lower", "coverage")]
+    return out
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in _entries()}
+# what eval.metrics may list, in the documented order
+REQUESTABLE: tuple[str, ...] = tuple(m.name for m in METRICS.values() if m.requestable)
+# ranking metrics, first choice first
+PRIMARY: tuple[str, ...] = tuple(m.name for m in sorted((m for m in METRICS.values() if m.rank is not None),
+                                                         key=lambda m: m.rank or 0))
+# eval.metrics=auto: per dataset; "*" for every other dataset. Inception metrics on a dataset with
+# its own classifier are added only when the Inception weights are there (`auto_metrics`).
+_AUTO: dict[str, tuple[str, ...]] = {"fmnist": ("fd_fmnist",), "*": ("fid", "kid")}
+AUTO_FALLBACK: tuple[str, ...] = _AUTO["*"]
+
+
+def get(name: str) -> Metric | None:
+    """The table's entry of a metric row name, or None for a name it does not know."""
+    return METRICS.get(name)
+
+
+def better(name: str) -> Better | None:
+    """"lower" or "higher" (which value is better), or None for a name the table does not know."""
+    m = METRICS.get(name)
+    return m.better if m is not None else None
+
+
+def extractor_of(name: str) -> str | None:
+    """The extractor whose features metric `name` is computed from (None: unknown or label-based)."""
+    m = METRICS.get(name)
+    return m.extractor if m is not None else None
+
+
+def frechet_metric(extractor: str) -> str:
+    """The Frechet-distance metric an extractor gives (named after the network: never "FID" for fmnist)."""
+    for m in METRICS.values():
+        if m.kind == "frechet" and m.requestable and m.extractor == extractor:
+            return m.name
+    raise ValueError(f"unknown extractor {extractor!r}; choose one of {list(frechet_extractors())}")
+
+
+def frechet_extractors() -> tuple[str, ...]:
+    """The extractors that give a Frechet distance (`dfbench fid --extractor`), in table order."""
+    return tuple(e for e in EXTRACTORS if any(m.kind == "frechet" and m.requestable and m.extractor == e
+                                              for m in METRICS.values()))
+
+
+def prdc_metric(key: str, extractor: str) -> str:
+    """The row name of a precision / recall / density / coverage score in an extractor's space."""
+    name = f"{key}_{extractor}"
+    if METRICS.get(name, None) is None or METRICS[name].kind != "prdc":
+        raise KeyError(f"{name!r} is not a metric of benchmark/metrics/table.py")
+    return name
+
+
+def client_metric_names(fd_metric: str) -> tuple[str, str, str]:
+    """(mean over clients, worst client, worst group of clients) row names for a Frechet metric."""
+    names = (f"client_{fd_metric}_mean", f"client_{fd_metric}_worst", f"expert_{fd_metric}_worst")
+    missing = [n for n in names if n not in METRICS]
+    if missing:
+        raise KeyError(f"{missing} are not metrics of benchmark/metrics/table.py")
+    return names  # type: ignore[return-value]
+
+
+def reference_split_of(name: str, configured: str) -> str:
+    """The split metric `name` must be compared against, given the run's eval.reference_split."""
+    m = METRICS[name]
+    return "train" if m.reference == "train" else configured
+
+
+def auto_metrics(dataset: str, inception_available: bool) -> list[str]:
+    """eval.metrics=auto: the dataset's own metrics, plus Inception's when its weights are there;
+    Inception's alone (needed, found or not) on a dataset without its own."""
+    own = _AUTO.get(dataset)
+    if own is None:
+        return list(AUTO_FALLBACK)
+    return list(own) + (list(AUTO_FALLBACK) if inception_available else [])
+
+
+def check_requested(chosen: Sequence[str], dataset: str) -> None:
+    """ValueError unless every name is requestable, none twice, each defined on `dataset`."""
+    if not chosen:
+        raise ValueError(f"metrics is empty; pass 'auto' or names from {list(REQUESTABLE)}")
+    unknown = [m for m in chosen if m not in REQUESTABLE]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; choose from {list(REQUESTABLE)}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"metric listed twice in {list(chosen)}")
+    for name in chosen:
+        m = METRICS[name]
+        if m.datasets is not None and dataset not in m.datasets:
+            where = " or ".join(repr(d) for d in m.datasets)
+            raise ValueError(
+                f"{name} uses {EXTRACTOR_TITLES.get(str(m.extractor), m.extractor)} and is only defined for dataset {where}, "
+                f"not {dataset!r}; use {AUTO_FALLBACK[0]!r} for {dataset!r}"
+            )
+

@@ -1,0 +1,356 @@
+"""From parsed runs to the reporter's tables: per run, per evaluation, per round, per setting.
+
+:func:`collect` is the one call: it reads every run folder under a root and
+returns a :class:`ReportData` with the long frames and the aggregated,
+ranked leaderboard table that the writers, mosaics and plots draw from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.metrics import table as metric_table
+from dfbench.benchmark.metrics.drift import recorded_drift
+from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
+from dfbench.benchmark.report.run_folders import (
+    RunFailure,
+    RunRecord,
+    cell_value,
+    flatten_config,
+    format_params,
+    load_runs,
+    parse_alpha,
+    to_float,
+)
+
+# Ranking metric per dataset/partition block: the first one present wins (benchmark/metrics/table.py).
+PRIMARY_METRICS: tuple[str, ...] = metric_table.PRIMARY
+
+# Config keys that identify a single run or its bookkeeping rather than the
+# experiment; everything else in config.json is part of the group key, so runs
+# that differ only in these are seeds of one setting.
+NOT_GROUPED: frozenset[str] = frozenset(
+    {"seed", "run_id", "version", "device", "root", "checkpoint_every", "out_dir", "output_dir", "runs_dir",
+     "data_dir", "resume", "notes"}
+)
+# Keys that say *what* is compared inside a block rather than under which budget.
+METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "method_params"})
+
+
+def _canonical(mapping: Mapping[str, Any]) -> str:
+    return json.dumps(mapping, sort_keys=True, default=str)
+
+
+def _metric_keys(evaluations: Iterable[Any], warnings: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(column key, evaluation) pairs; a metric computed twice in a run gets its backend appended."""
+    seen: set[str] = set()
+    keyed: list[tuple[str, dict[str, Any]]] = []
+    for entry in evaluations:
+        if not isinstance(entry, dict) or not isinstance(entry.get("metric"), str):
+            warnings.append(f"{runfolder.METRICS}: evaluation entry without a metric name skipped: {entry!r}")
+            continue
+        key = entry["metric"]
+        if key in seen:
+            key = f"{key} ({entry.get('backend') or entry.get('extractor') or len(seen)})"
+        seen.add(key)
+        keyed.append((key, entry))
+    return keyed
+
+
+def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Long tables from parsed runs: (one row per run, one row per evaluation, one row per round)."""
+    run_rows: list[dict[str, Any]] = []
+    eval_rows: list[dict[str, Any]] = []
+    round_rows: list[dict[str, Any]] = []
+    for rec in records:
+        cfg = rec.config
+        params = cfg.get("method_params") or {}
+        if not isinstance(params, dict):
+            params = {"value": params}
+        grouped = {k: v for k, v in cfg.items() if k not in NOT_GROUPED}
+        budget = {k: v for k, v in grouped.items() if k not in METHOD_KEYS}
+        config_rounds = to_float(cfg.get("rounds", rec.metrics.get("rounds")))
+        baseline = config_rounds == 0
+        method = str(cfg["method"])
+        params_text = format_params(params)
+        setting = f"untrained ({method})" if baseline else method
+        if params_text:
+            setting = f"{setting} [{params_text}]"
+        metrics = rec.metrics
+        uploads = sum(len(r.get("clients") or []) for r in rec.rounds)
+        uplink_bits = to_float(metrics.get("uplink_bits"))
+        if math.isnan(uplink_bits) and rec.rounds:
+            uplink_bits = float(sum(to_float(r.get("uplink_bits")) for r in rec.rounds))
+        w2_mean = to_float(metrics.get("w2_mean"))
+        if math.isnan(w2_mean) and rec.rounds:
+            w2_mean = float(np.nanmean([to_float(r.get("w2")) for r in rec.rounds] or [math.nan]))
+        # same-noise drift from the dense reference (benchmark/metrics/drift.py), as metrics.json records it
+        drift_rec = recorded_drift(metrics) or {}
+        drift_feats = list((drift_rec.get("features") or {}).values())
+        row: dict[str, Any] = {
+            "run_id": rec.run_id,
+            "path": str(rec.path),
+            "dataset": str(cfg["dataset"]),
+            "partition": str(cfg["partition"]),
+            "method": method,
+            "params": params_text,
+            "setting": setting,
+            "baseline": baseline,
+            "seed": cfg.get("seed"),
+            "alpha": parse_alpha(cfg["partition"]),
+            "group_key": _canonical(grouped),
+            "budget_key": _canonical(budget),
+            "uplink_mb": uplink_bits / 8 / 1e6,
+            "downlink_mb": to_float(metrics.get("downlink_bits")) / 8 / 1e6,
+            "wall_seconds": to_float(metrics.get("wall_seconds")),
+            "rounds_done": to_float(metrics.get("rounds")),
+            "gamma_star": to_float(metrics.get("gamma_star")),
+            "w2_mean": w2_mean,
+            "drift": to_float(drift_feats[0]) if drift_feats else math.nan,  # the run's first extractor's features
+            "drift_pixel": to_float(drift_rec.get("pixel")),
+            "dropped_updates": to_float(metrics.get("dropped_updates")),
+            "uploads": float(uploads) if rec.rounds else math.nan,
+            "grid": str(rec.grid) if rec.grid else None,
+            # metrics that could not be computed: absent from the evaluations, said here
+            "evaluation_notes": " ".join(str(n) for n in metrics.get("evaluation_notes") or []),
+        }
+        for key, value in params.items():
+            row[f"param.{key}"] = cell_value(value)
+        for key, value in flatten_config({k: v for k, v in cfg.items() if k not in METHOD_KEYS | NOT_GROUPED}).items():
+            row[f"cfg.{key}"] = value
+        run_rows.append(row)
+        for key, entry in _metric_keys(metrics.get("evaluations", []), rec.warnings):
+            eval_rows.append(
+                {
+                    "run_id": rec.run_id,
+                    "group_key": row["group_key"],
+                    "metric": key,
+                    "value": to_float(entry.get("value")),
+                    "std_err": to_float(entry.get("std_err")),
+                    "ci_low": to_float(entry.get("ci_low")),
+                    "ci_high": to_float(entry.get("ci_high")),
+                    "ci_method": entry.get("ci_method"),
+                    "better": entry.get("better") or "lower",
+                    **{
+                        k: entry.get(k)
+                        for k in ("extractor", "extractor_sha256", "backend", "num_samples", "sampler", "sampler_steps", "reference", "resize")
+                    },
+                }
+            )
+        for r in rec.rounds:
+            round_rows.append(
+                {
+                    "run_id": rec.run_id,
+                    "dataset": row["dataset"],
+                    "partition": row["partition"],
+                    "setting": setting,
+                    "method": method,
+                    "round": to_float(r.get("round")),
+                    "loss": to_float(r.get("loss")),
+                    "gamma_star": to_float(r.get("gamma_star")),
+                    "w2": to_float(r.get("w2")),
+                }
+            )
+    runs = pd.DataFrame(run_rows)
+    evals = pd.DataFrame(
+        eval_rows, columns=["run_id", "group_key", "metric", "value", "std_err", "ci_low", "ci_high", "ci_method", "better",
+                            "extractor", "extractor_sha256",
+                            "backend", "num_samples", "sampler", "sampler_steps", "reference", "resize"]
+    )
+    rounds = pd.DataFrame(round_rows, columns=["run_id", "dataset", "partition", "setting", "method", "round",
+                                                "loss", "gamma_star", "w2"])
+    # One column per metric on the run table, so plots and aggregation read one frame.
+    for metric in ordered_metrics(evals["metric"].unique() if len(evals) else []):
+        sub = evals[evals["metric"] == metric].set_index("run_id")
+        if len(runs):
+            runs[metric] = runs["run_id"].map(sub["value"]).astype(float)
+            runs[f"{metric}__stderr"] = runs["run_id"].map(sub["std_err"]).astype(float)
+            runs[f"{metric}__lo"] = runs["run_id"].map(sub["ci_low"]).astype(float)
+            runs[f"{metric}__hi"] = runs["run_id"].map(sub["ci_high"]).astype(float)
+            runs[f"{metric}__ci"] = runs["run_id"].map(sub["ci_method"])
+    return runs, evals, rounds
+
+
+def ordered_metrics(names: Iterable[str]) -> list[str]:
+    """Primary metrics first, then the rest alphabetically."""
+    names = list(dict.fromkeys(str(n) for n in names))
+    head = [m for m in PRIMARY_METRICS if m in names]
+    return head + sorted(n for n in names if n not in head)
+
+
+def primary_metric(metric_names: Iterable[str]) -> str | None:
+    """The ranking metric among those present: fid, else fd_fmnist, else any other Frechet distance."""
+    names = set(metric_names)
+    for metric in PRIMARY_METRICS:
+        if metric in names:
+            return metric
+    fds = sorted(n for n in names if n.startswith("fd_"))
+    return fds[0] if fds else None
+
+
+def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per setting (config minus seed/run_id): seeds as mean, std (ddof=1) and count n."""
+    rows: list[dict[str, Any]] = []
+    if runs.empty:
+        return pd.DataFrame()
+    descriptive = [c for c in runs.columns if c.startswith(("param.", "cfg."))]
+    for group_key, grp in runs.groupby("group_key", sort=False):
+        grp = grp.sort_values("seed", key=lambda s: pd.to_numeric(s, errors="coerce"))
+        first = grp.iloc[0]
+        row: dict[str, Any] = {
+            "dataset": first["dataset"],
+            "partition": first["partition"],
+            "method": first["method"],
+            "params": first["params"],
+            "setting": first["setting"],
+            "baseline": bool(first["baseline"]),
+            "n": len(grp),
+            "seeds": ";".join(str(s) for s in grp["seed"]),
+            "run_ids": ";".join(grp["run_id"]),
+            "group_key": group_key,
+            "budget_key": first["budget_key"],
+            "alpha": first["alpha"],
+        }
+        for col in descriptive:
+            row[col] = first[col]
+        if "evaluation_notes" in grp:
+            row["evaluation_notes"] = " ".join(sorted({str(n) for n in grp["evaluation_notes"] if n}))
+        for metric in metrics:
+            values = grp[metric].dropna() if metric in grp else pd.Series(dtype=float)
+            row[f"{metric}_mean"] = float(values.mean()) if len(values) else math.nan
+            row[f"{metric}_std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+            row[f"{metric}_n"] = int(len(values))
+            # With a single seed there is no spread; the estimator's own standard error
+            # (KID reports one) is the only uncertainty we can show.
+            stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
+            row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
+            _interval_columns(row, grp, metric, values)
+        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
+            values = grp[col].dropna()
+            row[f"{col}_mean"] = float(values.mean()) if len(values) else math.nan
+            row[f"{col}_std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        grids = grp["grid"].dropna()
+        row["grid"] = grids.iloc[0] if len(grids) else None
+        row["grid_seed"] = grp.loc[grids.index[0], "seed"] if len(grids) else None
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return _rank_and_compress(table, metrics)
+
+
+def _interval_columns(row: dict[str, Any], grp: pd.DataFrame, metric: str, values: pd.Series) -> None:
+    """{metric}_ci_low / _ci_high / _ci_method: a t-interval across >= 2 seeds, else the one run's own
+    interval (bootstrap for Frechet distances), else none (NaN: never a zero-width interval)."""
+    low = high = math.nan
+    method = None
+    if len(values) >= 2:
+        _, interval = t_interval(values.tolist())
+        low, high, method = interval.low, interval.high, interval.method  # type: ignore[union-attr]
+    elif len(values) == 1 and f"{metric}__lo" in grp:
+        idx = values.index[0]
+        low, high, method = float(grp.loc[idx, f"{metric}__lo"]), float(grp.loc[idx, f"{metric}__hi"]), grp.loc[idx, f"{metric}__ci"]
+        method = method if isinstance(method, str) and not math.isnan(low) else None
+    row[f"{metric}_ci_low"], row[f"{metric}_ci_high"], row[f"{metric}_ci_method"] = low, high, method
+
+
+def better(metric: str, evals: pd.DataFrame | None = None) -> str:
+    """"lower" or "higher": the metric table's direction; for a name it does not know (a metric
+    computed twice gets its backend appended), what the metric's rows say, else "lower"."""
+    known = metric_table.better(metric)
+    if known is not None:
+        return known
+    if evals is not None and not evals.empty and "better" in evals:
+        said = evals.loc[evals["metric"] == metric, "better"]
+        if (said == "higher").any():
+            return "higher"
+    return "lower"
+
+
+def higher_is_better(evals: pd.DataFrame) -> set[str]:
+    """Metrics better when higher (precision, recall, density, coverage), by `better`."""
+    if evals.empty:
+        return set()
+    return {m for m in evals["metric"].unique() if better(m, evals) == "higher"}
+
+
+def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """Per dataset/partition block: primary metric, rank (1 = best) and uplink ratio vs fedavg."""
+    table = table.copy()
+    table["primary_metric"] = None
+    table["rank"] = math.nan
+    table["rank_tie"] = False
+    table["compression_ratio"] = math.nan
+    table["compression_ref"] = None
+    for _, block in table.groupby(["dataset", "partition"], sort=False):
+        present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
+        primary = primary_metric(present)
+        table.loc[block.index, "primary_metric"] = primary
+        if primary is not None:
+            scored = block[~block["baseline"] & block[f"{primary}_mean"].notna()]
+            # Baselines are references, not contenders: they get no rank. Rank = 1 + the settings whose
+            # interval lies wholly below this one's; overlapping intervals share a rank (a tie).
+            ranked = tie_ranks(scored[f"{primary}_mean"].tolist(), scored[f"{primary}_ci_low"].tolist(),
+                               scored[f"{primary}_ci_high"].tolist(), higher_is_better=better(primary) == "higher")
+            table.loc[scored.index, "rank"] = [math.nan if r is None else r for r, _ in ranked]
+            table.loc[scored.index, "rank_tie"] = [tie for _, tie in ranked]
+        fedavg = block[(block["method"] == "fedavg") & ~block["baseline"]]
+        for idx, row in block.iterrows():
+            if row["baseline"] or fedavg.empty or not row["uplink_mb_mean"] > 0:
+                continue
+            same = fedavg[fedavg["budget_key"] == row["budget_key"]]
+            if len(same) and same["uplink_mb_mean"].notna().any():
+                table.loc[idx, "compression_ratio"] = float(same["uplink_mb_mean"].mean()) / row["uplink_mb_mean"]
+                table.loc[idx, "compression_ref"] = "same budget"
+            elif row["uploads_mean"] > 0 and (fedavg["uploads_mean"] > 0).any():
+                # Different budgets: compare bits per client upload instead of totals.
+                ref = fedavg[fedavg["uploads_mean"] > 0]
+                per_upload = float((ref["uplink_mb_mean"] / ref["uploads_mean"]).mean())
+                table.loc[idx, "compression_ratio"] = per_upload / (row["uplink_mb_mean"] / row["uploads_mean"])
+                table.loc[idx, "compression_ref"] = "per upload"
+    # Best first inside each block; baselines and unscored settings at the bottom.
+    order = table.assign(_rank=table["rank"].fillna(np.inf))
+    order["_value"] = [_sign(row["primary_metric"]) * row.get(f"{row['primary_metric']}_mean", math.nan)
+                       if row["primary_metric"] else math.nan for _, row in order.iterrows()]
+    order = order.sort_values(["dataset", "partition", "baseline", "_rank", "_value", "setting"], kind="stable")
+    order = order.drop(columns=["_value"])
+    return order.drop(columns=["_rank"]).reset_index(drop=True)
+
+
+def _sign(metric: str) -> float:
+    """+1 for a lower-is-better metric, -1 for a higher-is-better one: best first when sorted ascending."""
+    return -1.0 if better(metric) == "higher" else 1.0
+
+
+@dataclass
+class ReportData:
+    """Everything the writers need, as frames."""
+
+    runs: pd.DataFrame
+    evaluations: pd.DataFrame
+    rounds: pd.DataFrame
+    table: pd.DataFrame
+    metrics: list[str]
+    failures: list[RunFailure]
+    warnings: list[str]
+    hardware: list[str] = field(default_factory=list)  # distinct metrics.json environment.hardware
+
+
+def collect(runs_dir: str | Path) -> ReportData:
+    """Read all runs under ``runs_dir`` and build the per-run and per-setting tables."""
+    records, failures = load_runs(runs_dir)
+    runs, evals, rounds = runs_frame(records)
+    metrics = ordered_metrics(evals["metric"].unique()) if len(evals) else []
+    table = aggregate(runs, metrics)
+    warnings = [f"{rec.run_id}: {w}" for rec in records for w in rec.warnings]
+    hardware = sorted({str(rec.metrics["environment"].get("hardware")) for rec in records
+                       if isinstance(rec.metrics.get("environment"), dict)})
+    return ReportData(runs=runs, evaluations=evals, rounds=rounds, table=table, metrics=metrics,
+                      failures=failures, warnings=warnings, hardware=hardware)

@@ -1,0 +1,244 @@
+"""Seaborn plots of the leaderboard data (written as PNG; never an empty figure).
+
+Every plot function takes the reporter's frames and returns either the written
+path or, when its data is absent, a sentence saying why it was skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+# The reporter only writes files, often on headless servers: never open a window.
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from dfbench.benchmark.core import runfolder  # noqa: E402
+from dfbench.benchmark.report.frames import better, primary_metric  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+_DPI = 110
+
+
+def _primary_by_dataset(frame: pd.DataFrame, metrics: Sequence[str], suffix: str = "") -> dict[str, str]:
+    """Each dataset's ranking metric (fid for CIFAR/SVHN, fd_fmnist where only that exists)."""
+    out: dict[str, str] = {}
+    for dataset, grp in frame.groupby("dataset", sort=True):
+        present = [m for m in metrics if f"{m}{suffix}" in grp and grp[f"{m}{suffix}"].notna().any()]
+        metric = primary_metric(present)
+        if metric is not None:
+            out[str(dataset)] = metric
+    return out
+
+
+def _with_score(frame: pd.DataFrame, metrics: Sequence[str], suffix: str = "") -> pd.DataFrame:
+    """Trained (non-baseline) rows with a ``score`` column: the dataset's primary metric."""
+    if frame.empty:
+        return frame
+    primaries = _primary_by_dataset(frame, metrics, suffix)
+    df = frame[~frame["baseline"].astype(bool)].copy()
+    df["score_metric"] = df["dataset"].map(primaries)
+    df["score"] = [
+        row[f"{m}{suffix}"] if isinstance(m, str) else math.nan for m, (_, row) in zip(df["score_metric"], df.iterrows())
+    ]
+    df["score"] = pd.to_numeric(df["score"], errors="coerce")
+    if suffix == "_mean":  # setting rows: the interval of the score (t across seeds, else the run's bootstrap)
+        for side in ("low", "high"):
+            df[f"score_{side}"] = pd.to_numeric(
+                [row.get(f"{m}_ci_{side}", math.nan) if isinstance(m, str) else math.nan
+                 for m, (_, row) in zip(df["score_metric"], df.iterrows())], errors="coerce")
+    return df[df["score"].notna()]
+
+
+def _label_panels(grid: sns.FacetGrid, frame: pd.DataFrame, col: str = "dataset") -> None:
+    """Panel title "dataset (metric)" and the metric as y label, since panels may differ."""
+    metric_of = frame.groupby(col)["score_metric"].first().to_dict()
+    for name, ax in grid.axes_dict.items():
+        metric = metric_of.get(name, "score")
+        ax.set_title(f"{name} ({metric})")
+        ax.set_ylabel(f"{metric} ({better(metric)} is better)")
+
+
+def _save(grid: sns.FacetGrid, path: Path, note: str | None = None) -> Path:
+    # FacetGrid's own tight_layout keeps room for the legend it placed outside the axes.
+    grid.tight_layout()
+    if note:
+        # Below the axes; savefig's bbox_inches="tight" grows the canvas to include it.
+        grid.figure.text(0.01, -0.02, note, fontsize=8, color="#555", ha="left", va="top")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.savefig(path, dpi=_DPI, bbox_inches="tight")
+    plt.close(grid.figure)
+    return path
+
+
+def _style(frame: pd.DataFrame, col: str = "partition") -> str | None:
+    return col if frame[col].nunique() > 1 else None
+
+
+def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Score vs keep ratio of every method with a keep_ratio hyperparameter (the pruning methods), one panel per dataset."""
+    if runs.empty or "param.keep_ratio" not in runs:
+        return "no run has method_params.keep_ratio"
+    df = _with_score(runs[runs["param.keep_ratio"].notna()], metrics)
+    if df.empty:
+        return "no scored run with a keep_ratio hyperparameter"
+    # Per-client keep ratios (capacity tiers) are lists, not one point on this axis.
+    df = df.assign(keep_ratio=pd.to_numeric(df["param.keep_ratio"], errors="coerce")).dropna(subset=["keep_ratio"])
+    if df.empty:
+        return "no pruning run has a scalar keep_ratio"
+    grid = sns.relplot(
+        data=df, x="keep_ratio", y="score", hue="method", style=_style(df), col="dataset", kind="line",
+        marker="o", errorbar="sd", facet_kws={"sharey": False}, height=3.5, aspect=1.2,
+    )
+    _label_panels(grid, df)
+    grid.set_xlabels("keep ratio (fraction of weights each client trains)")
+    return _save(grid, path, "mean ± std over seeds")
+
+
+def plot_metric_vs_alpha(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Score vs Dirichlet alpha per method setting (log x); iid is omitted (alpha = inf)."""
+    df = _with_score(runs, metrics)
+    if df.empty or "alpha" not in df:
+        return "no scored runs"
+    n_iid = int((df["partition"] == "iid").sum())
+    df = df[df["alpha"].notna()]
+    if df.empty:
+        return "no run with a dirichlet:A partition"
+    grid = sns.relplot(
+        data=df, x="alpha", y="score", hue="setting", col="dataset", kind="line", marker="o", errorbar="sd",
+        facet_kws={"sharey": False}, height=3.5, aspect=1.2,
+    )
+    for ax in grid.axes.flat:
+        ax.set_xscale("log")
+    _label_panels(grid, df)
+    grid.set_xlabels("Dirichlet alpha (smaller = more heterogeneous)")
+    note = f"iid runs ({n_iid}) omitted: alpha = inf" if n_iid else None
+    return _save(grid, path, note)
+
+
+def plot_metric_vs_uplink(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Communication-quality front: one point per method setting (seed means)."""
+    if table.empty:
+        return "no finished runs"
+    df = _with_score(table, metrics, suffix="_mean")
+    df = df[pd.to_numeric(df["uplink_mb_mean"], errors="coerce") > 0]
+    if df.empty:
+        return "no scored setting with uplink_bits > 0"
+    grid = sns.relplot(
+        data=df, x="uplink_mb_mean", y="score", hue="method", style=_style(df), col="dataset", kind="scatter",
+        s=70, facet_kws={"sharey": False, "sharex": False}, height=3.5, aspect=1.2,
+    )
+    for name, ax in grid.axes_dict.items():
+        panel = df[df["dataset"] == name]
+        x = panel["uplink_mb_mean"].to_numpy(float)
+        if len(x) and x.max() / x.min() > 20:
+            ax.set_xscale("log")
+        bars = panel.dropna(subset=["score_low", "score_high"]) if "score_low" in panel else panel.iloc[:0]
+        if len(bars):  # error bars: the 95% interval of each setting's score
+            ax.errorbar(bars["uplink_mb_mean"], bars["score"], fmt="none", ecolor="#888", elinewidth=1, capsize=3,
+                        yerr=[(bars["score"] - bars["score_low"]).clip(lower=0), (bars["score_high"] - bars["score"]).clip(lower=0)])
+        for _, row in panel.iterrows():
+            if row["params"]:
+                ax.annotate(str(row["params"]), (row["uplink_mb_mean"], row["score"]), fontsize=6,
+                            xytext=(3, 3), textcoords="offset points", color="#444")
+    _label_panels(grid, df)
+    grid.set_xlabels("total uplink (MB)")
+    return _save(grid, path, "one point per setting (mean over seeds); bars: 95% interval "
+                             "(t across seeds, else the run's bootstrap)")
+
+
+def plot_loss_per_round(rounds: pd.DataFrame, path: Path) -> Path | str:
+    """Mean training loss per round (from rounds.jsonl), per setting, one panel per block."""
+    if rounds.empty:
+        return "no rounds.jsonl rows"
+    df = rounds.dropna(subset=["round", "loss"])
+    df = df[np.isfinite(df["loss"])]
+    if df.empty:
+        return f"no finite loss in {runfolder.ROUNDS}"
+    df = df.assign(block=df["dataset"] + " / " + df["partition"])
+    n_blocks = df["block"].nunique()
+    grid = sns.relplot(
+        data=df, x="round", y="loss", hue="setting", col="block", col_wrap=min(3, n_blocks), kind="line",
+        errorbar="sd", facet_kws={"sharey": False, "sharex": False}, height=3.2, aspect=1.3,
+    )
+    grid.set_titles("{col_name}")
+    for ax in grid.axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    grid.set_ylabels("mean client loss")
+    return _save(grid, path, "mean ± std over seeds")
+
+
+def _plot_vs_bound_term(runs: pd.DataFrame, metrics: Sequence[str], column: str, label: str, path: Path) -> Path | str:
+    df = _with_score(runs, metrics)
+    if df.empty or column not in df:
+        return "no scored runs"
+    df = df[pd.to_numeric(df[column], errors="coerce").notna()]
+    if df.empty:
+        return f"no run recorded {column}"
+    grid = sns.relplot(
+        data=df, x=column, y="score", hue="method", style=_style(df), col="dataset", kind="scatter", s=60,
+        facet_kws={"sharey": False, "sharex": False}, height=3.5, aspect=1.2,
+    )
+    _label_panels(grid, df)
+    grid.set_xlabels(label)
+    return _save(grid, path, "one point per run")
+
+
+def plot_metric_vs_gamma_star(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Score vs Gamma* (how often the least-trained parameter was updated; pruning bound term)."""
+    return _plot_vs_bound_term(runs, metrics, "gamma_star", "Gamma* (updates of the least-trained parameter)", path)
+
+
+def plot_metric_vs_w2(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Score vs mean pruning extent w^2 (pruning bound term)."""
+    return _plot_vs_bound_term(runs, metrics, "w2_mean", "mean pruning extent w^2", path)
+
+
+def make_plots(
+    runs: pd.DataFrame, rounds: pd.DataFrame, table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """Draw every plot whose data exists; return (written plots, skipped plots with reasons)."""
+    jobs: dict[str, Callable[[Path], Path | str]] = {
+        "metric_vs_keep_ratio": lambda p: plot_metric_vs_keep_ratio(runs, metrics, p),
+        "metric_vs_alpha": lambda p: plot_metric_vs_alpha(runs, metrics, p),
+        "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
+        "loss_per_round": lambda p: plot_loss_per_round(rounds, p),
+        "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(runs, metrics, p),
+        "metric_vs_w2": lambda p: plot_metric_vs_w2(runs, metrics, p),
+    }
+    written: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    for name, job in jobs.items():
+        result = job(Path(plots_dir) / f"{name}.png")
+        if isinstance(result, Path):
+            written[name] = result
+        else:
+            logger.info("plot %s skipped: %s", name, result)
+            skipped[name] = result
+    return written, skipped
+
+
+def plot_partition_heatmap(hist: np.ndarray, title: str, path: Path) -> Path:
+    """Per-client label heatmap (clients x classes, sample counts) for `dfbench partition`."""
+    clients = hist.shape[0]
+    fig, ax = plt.subplots(figsize=(min(2 + 0.35 * hist.shape[1], 10), min(1.5 + 0.22 * clients, 30)))
+    sns.heatmap(hist, ax=ax, cmap="viridis", cbar_kws={"label": "samples"},
+                yticklabels=max(1, clients // 40) if clients > 40 else True)
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
