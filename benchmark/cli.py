@@ -261,7 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("pattern", nargs="?", default="*")
     m.set_defaults(func=cmd_methods)
 
-    rep = sub.add_parser("report", help="leaderboard (md/csv/html), plots and grid mosaics from run folders")
+    rep = sub.add_parser("report", help="leaderboard (md/csv/html), plots and grid mosaics from run folders",
+                         description="Read every run folder under --runs and write the leaderboard (md/csv/html), plots "
+                                     "and mosaics to --out. The reporter only reads; first, a finished run that was "
+                                     "evaluated before its dense reference was done gets its drift recorded in its "
+                                     "metrics.json (under the run's lock), as its grid's last worker would have.")
     rep.add_argument("--runs", default=DEFAULT_OUT)
     rep.add_argument("--out", default="results")
     rep.set_defaults(func=cmd_report)
