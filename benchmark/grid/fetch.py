@@ -33,7 +33,7 @@ from dfbench.datasets import sources
 from dfbench.datasets.download import DownloadError, download_file, file_digest
 
 from dfbench.benchmark.core.config import RunConfig
-from dfbench.benchmark.metrics.table import extractor_of
+from dfbench.benchmark.metrics.table import auto_metrics, extractor_of
 from dfbench.benchmark.metrics.weight_files import MissingWeightsError, find_weights, known_weights, weights_dir
 
 __all__ = [
@@ -166,9 +166,9 @@ def _weights_for(cfg: RunConfig) -> dict[str, list[str]]:
     if metrics == "none":
         return {}
     if metrics == "auto":
-        # auto scores svhn/cifar10 with fid and kid; fmnist uses the committed classifier and adds
-        # fid/kid only when the weights happen to be there, so it needs nothing
-        chosen = [] if cfg.data.dataset == "fmnist" else ["fid", "kid"]
+        # the table's auto rule without Inception: what the run is sure to compute (fmnist: its
+        # committed classifier only, fid/kid being added just when the weights happen to be there)
+        chosen = auto_metrics(cfg.data.dataset, inception_available=False)
     else:
         chosen = [m.strip() for m in metrics.split(",") if m.strip()]
     out: dict[str, list[str]] = {}
