@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.parsing import seconds_from_env
 
-LOCK_NAME = ".lock"
+LOCK_NAME = runfolder.LOCK  # the run-folder format owns the name
 STALE_ENV = "DFBENCH_LOCK_STALE"
 DEFAULT_STALE_S = 300.0
 

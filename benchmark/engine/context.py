@@ -126,10 +126,9 @@ class RunContext:
         self.flat.copy_(params)
         obj = self.get_objective(objective)
         sampler = self.sampler_name(objective)
-        if network is not None:
-            return torch.cat([diffusion.sample(obj, network, noise[i:i + batch].to(self.device), sampler,
-                                               self.cfg.eval.sampler_steps).cpu() for i in range(0, noise.shape[0], batch)])
-        self.model.eval()
+        net = self.model if network is None else network
+        if network is None:
+            self.model.eval()
         out = []
         bar = None
         if self.progress:
@@ -138,12 +137,13 @@ class RunContext:
             bar = tqdm(total=noise.shape[0], desc=f"sampling ({sampler}, {self.cfg.eval.sampler_steps} steps)", unit="img", leave=False)
         for i in range(0, noise.shape[0], batch):
             x = noise[i:i + batch].to(self.device)
-            out.append(diffusion.sample(obj, self.model, x, sampler, self.cfg.eval.sampler_steps).cpu())
+            out.append(diffusion.sample(obj, net, x, sampler, self.cfg.eval.sampler_steps).cpu())
             if bar is not None:
                 bar.update(x.shape[0])
         if bar is not None:
             bar.close()
-        self.model.train()
+        if network is None:
+            self.model.train()
         return torch.cat(out)
 
 

@@ -19,7 +19,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import RunConfig
-from dfbench.benchmark.engine.diffusion import fixed_noise
+from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.metrics.drift import attach_drift
 
 
@@ -95,12 +95,27 @@ def _clients(cfg: RunConfig, ctx: Any = None, method: Any = None,
         part = datasets.partition(data.labels.numpy(), cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
                                   min_size=cfg.data.min_client_size, images=data.images)
         size = len(data.labels)
-        saved = runfolder.read_json(run / "partition.json") if run is not None and (run / "partition.json").exists() else {}
+        saved = runfolder.read_json(run / runfolder.PARTITION) if run is not None and (run / runfolder.PARTITION).exists() else {}
         if saved.get("indices_sha256") not in (None, part.digest()):
             return None, None, None, "per-client quality: the rebuilt partition differs from partition.json; rerun the evaluation in the run"
         method = methods.create_method(cfg.method, **dict(cfg.method_params))
     groups = method.client_groups(cfg, part.cluster_of_client)
     return [np.asarray(ix) for ix in part.indices], groups, size, None
+
+
+def sampler_of(cfg: RunConfig, method: methods.Method) -> str:
+    """The sampler the run's samples were drawn with: the method's own (e.g. an expert mixture's
+    velocity-space ODE), else eval.sampler, where "auto" is the objective's default."""
+    if (own := method.sampler_label(cfg)) is not None:
+        return own
+    return default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler
+
+
+def write_samples(d: Path, samples: torch.Tensor) -> None:
+    """samples.npz (uint8), written atomically: `dfbench eval` never reads half a file."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, images=samples.numpy())
+    runfolder.atomic_write_bytes(d / runfolder.SAMPLES, buf.getvalue())
 
 
 def _metrics(cfg: RunConfig) -> Any:
@@ -113,13 +128,9 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     params = ema if ema is not None else state.params
     ctx.progress = progress
     samples = generate(cfg, ctx, method, params)
-    buf = io.BytesIO()
-    np.savez_compressed(buf, images=samples.numpy())
-    runfolder.atomic_write_bytes(d / "samples.npz", buf.getvalue())  # `dfbench eval` never reads half a file
-    save_grid(samples, cfg.eval.grid, d / "grid.png")
-    # a method with its own sampler (e.g. an expert mixture's velocity-space ODE) names it
-    sampler = method.sampler_label(cfg) or ctx.sampler_name(cfg.train.objective)
-    rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
+    write_samples(d, samples)
+    save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
+    rows, pending, notes = score(d, cfg, samples, sampler_of(cfg, method), progress, clients=lambda: _clients(cfg, ctx, method))
     rounds = runfolder.read_rounds(d)
     metrics = {
         "evaluations": rows,
@@ -142,23 +153,20 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     if notes:  # metrics that could not be computed: absent from the rows, said here
         metrics["evaluation_notes"] = notes
     attach_drift(d, metrics, device=cfg.device)  # same-noise drift vs the dense reference, when it is done
-    runfolder.write_json(d / "metrics.json", metrics)
-    runfolder.write_status(d, "done", **({"evaluation_pending": pending} if pending else {}))
+    runfolder.write_json(d / runfolder.METRICS, metrics)
+    runfolder.write_status(d, runfolder.DONE, **({"evaluation_pending": pending} if pending else {}))
 
 
 def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
     """`dfbench eval RUN_DIR`: score a finished run's saved samples (e.g. after placing weights)."""
     d = Path(d)
-    if not (d / "config.json").exists():
-        raise FileNotFoundError(f"{d} is not a run folder (no config.json); pass the folder that `dfbench run` printed")
-    cfg = RunConfig.from_dict(runfolder.read_json(d / "config.json"))
+    if not (d / runfolder.CONFIG).exists():
+        raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
+    cfg = RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG))
     samples = _saved_samples(d, cfg)
-    from dfbench.benchmark.engine.diffusion import default_sampler
-
-    metrics = runfolder.read_json(d / "metrics.json") if (d / "metrics.json").exists() else {}
+    metrics = runfolder.read_json(d / runfolder.METRICS) if (d / runfolder.METRICS).exists() else {}
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
-    sampler = method.sampler_label(cfg) or (default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler)
-    rows, pending, notes = score(d, cfg, samples, sampler, clients=lambda: _clients(cfg, run=d))
+    rows, pending, notes = score(d, cfg, samples, sampler_of(cfg, method), clients=lambda: _clients(cfg, run=d))
     if pending:
         raise RuntimeError(pending)
     metrics["evaluations"] = rows
@@ -167,8 +175,8 @@ def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
     if notes:
         metrics["evaluation_notes"] = notes
     attach_drift(d, metrics, device=cfg.device)
-    runfolder.write_json(d / "metrics.json", metrics)
-    runfolder.write_status(d, "done")
+    runfolder.write_json(d / runfolder.METRICS, metrics)
+    runfolder.write_status(d, runfolder.DONE)
     return rows
 
 
@@ -235,7 +243,5 @@ def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: b
     ema = ck.get("ema")
     ctx.progress = progress
     samples = generate(cfg, ctx, method, ema if ema is not None else state.params)
-    buf = io.BytesIO()
-    np.savez_compressed(buf, images=samples.numpy())
-    runfolder.atomic_write_bytes(d / runfolder.SAMPLES, buf.getvalue())
+    write_samples(d, samples)
     return samples
