@@ -74,7 +74,7 @@ bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
 
-gpu-check: ## on a CUDA machine: smoke runs, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min, sets up .venv)
+gpu-check: ## on a CUDA machine: smoke runs, CUDA-only flags + determinism, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min; runs this checkout uninstalled, pip-installs missing deps; PYTHON=... picks the interpreter)
 	scripts/gpu_check.sh
 
 clean-demo: ## delete the demo's run folders (keeps nothing of results/demo)

@@ -47,14 +47,18 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
     loading ``data.dataset`` -- for tests and custom data; evaluation still compares against the
     configured dataset's reference split.
     """
-    from dfbench.benchmark.engine.lifecycle import run as run_loop
+    from dfbench.benchmark.engine.lifecycle import OutOfMemory, free_gpu_memory, run as run_loop
 
     cfg = make_config(config, **settings) if (settings or config is None) else config
     if download:
         from dfbench.benchmark.grid.fetch import fetch_for_configs
 
         fetch_for_configs([cfg])
-    return run_loop(cfg, out, force=force, progress=progress, data=data)
+    try:
+        return run_loop(cfg, out, force=force, progress=progress, data=data)
+    except OutOfMemory as err:  # the notebook goes on (and keeps the error): free the failed frames' tensors now
+        free_gpu_memory(err)
+        raise
 
 
 def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
@@ -66,8 +70,9 @@ def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int
     ``grid``: a shipped grid's name or a path to a .toml file. ``settings``: overrides for every
     cell (``--set``; they change the run ids): the plain keywords of :func:`make_config`
     (``rounds=1``), ``method`` (``"fedprox?mu=0.1"``) or dotted keys (``**{"train.lr": 2e-3}``);
-    ``device`` (``--device``) does not change the run ids. ``workers``: cooperating processes on
-    this machine (this one and ``workers - 1`` more, ``--workers``); ``data``: one loaded training
+    ``device`` (``--device``): its type is in the run ids (cpu vs cuda), its index is not. ``workers``:
+    cooperating processes on this machine (this one and ``workers - 1`` more, ``--workers``; on
+    ``device="cuda"`` spread over the visible GPUs); ``data``: one loaded training
     set for every cell (one worker only). A bad grid, key or value raises ``ConfigError`` (a
     ``GridError`` lists every problem) and missing inputs ``MissingInputsError``, before any work.
     """

@@ -116,7 +116,7 @@ def cmd_grid(a: argparse.Namespace) -> int:
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
-                          "`dfbench run`, or start one grid worker per GPU (--device cuda:I, same --out)")
+                          "`dfbench run`, or one grid worker per GPU: `dfbench grid --workers N --device cuda`")
     _exit_on_sigterm()
     extra = dict(a.overrides) | ({"device": a.device} if a.device else {})
     grid = load_grid(a.grid, extra=extra)
@@ -178,10 +178,24 @@ def cmd_fetch(a: argparse.Namespace) -> int:
     return 0
 
 
+EVAL_SETTABLE = ("eval.sample_batch", "eval.feature_batch")  # `dfbench eval --set`: memory knobs, not results
+
+
 def cmd_eval(a: argparse.Namespace) -> int:
     from dfbench.benchmark.engine.evaluate import evaluate_dir
+    from dfbench.benchmark.engine.lifecycle import OutOfMemory
 
-    for row in evaluate_dir(a.run_dir):
+    settings = dict(a.overrides)
+    if bad := sorted(set(settings) - set(EVAL_SETTABLE)):
+        raise ConfigError(f"`dfbench eval --set` takes {' and '.join(EVAL_SETTABLE)} only, not {', '.join(bad)} "
+                          f"(other keys change the run: rerun it with `dfbench run --set ...`)")
+    batches = {k.split(".", 1)[1]: v for k, v in settings.items()}
+    try:
+        rows = evaluate_dir(a.run_dir, a.device, **batches)
+    except OutOfMemory as err:
+        print(f"dfbench: error: {err}", file=sys.stderr)
+        return 1
+    for row in rows:
         ci = f" [{row['ci_low']:.4f}, {row['ci_high']:.4f}]" if row.get("ci_low") is not None else ""
         print(f"{row['metric']}: {row['value']:.4f}{ci} ({row.get('extractor', '-')}, {row.get('num_samples', '-')} samples)")
     return 0
@@ -285,14 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dry-run", action="store_true", help="list the cells, their state, cost and lock owner; run nothing")
     g.add_argument("--retry-failed", action="store_true", help="also rerun failed cells (they resume from their checkpoints)")
     g.add_argument("--force", action="store_true", help="delete and rerun every selected cell, done and diverged ones included")
-    g.add_argument("--device", default=None, help="cpu | cuda | cuda:N for every cell (does not change run ids)")
+    g.add_argument("--device", default=None, help="cpu | cuda | cuda:N for every cell (the type is in the run ids: "
+                   "a GPU cell is another run than a CPU one; the index is not)")
     g.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="override a key in every cell (changes the run ids), e.g. train.rounds=1")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="run N cooperating worker processes on this machine (this one and N-1 more, same --out); "
-                        "unless OMP_NUM_THREADS is set, each gets cores/N torch threads. CPU results depend on the "
-                        "thread count, so pin OMP_NUM_THREADS for numbers you want to reproduce")
+                   help="run N cooperating worker processes on this machine (this one and N-1 more, same --out). "
+                        "Cells on device cuda (unindexed, from --device or the grid) are spread over the visible "
+                        "GPUs: worker i on cuda:(i mod GPUs), this process on cuda:0; cuda:K cells stay on K (the "
+                        "index is not in the run id). Unless OMP_NUM_THREADS is set, each gets cores/N torch "
+                        "threads. CPU results depend on the thread count, so pin OMP_NUM_THREADS for numbers you "
+                        "want to reproduce")
     g.add_argument("--download", action="store_true",
                    help="fetch the datasets and weights the cells need and this machine lacks before the first cell "
                         "(without it, a grid whose data is missing stops before running anything)")
@@ -313,8 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("--no-progress", action="store_true", help="no progress bars")
     fe.set_defaults(func=cmd_fetch)
 
-    ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)")
+    ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)",
+                        description="Score a finished run's samples.npz (regenerated from the final checkpoint when it "
+                                    "is missing) and rewrite its metrics.json. The scoring runs on --device, not on "
+                                    "the device the run trained on: a GPU run can be scored on a CPU-only machine.")
     ev.add_argument("run_dir")
+    ev.add_argument("--device", default=None,
+                    help='cpu | cuda | cuda:N to score on (default: "cuda" when a GPU is visible, else "cpu"); '
+                         "a device this machine lacks is refused before any work")
+    ev.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
+                    help="eval.sample_batch=N (images per sampling batch) or eval.feature_batch=N (per feature-"
+                         "extraction batch) for this scoring: lower them when it runs out of GPU memory")
     ev.set_defaults(func=cmd_eval)
 
     f = sub.add_parser("fid", help="distance between two image sets (folders of PNGs or .npz arrays)")

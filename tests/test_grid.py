@@ -82,10 +82,13 @@ def test_product_then_cells_with_method_parameters_and_base(tmp_path):
     assert [c.cfg.train.rounds for c in cells] == [2, 2, 2, 2, 0]
 
 
-def test_device_override_keeps_run_ids(tmp_path):
+def test_device_override_keeps_run_ids_within_a_device_type(tmp_path):
+    """The GPU index never moves a run id (workers on cuda:0 and cuda:1 share the cells); the device
+    type does (a GPU grid does not skip the cells a CPU finished: other random streams)."""
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0, 1]})
-    plain, cuda = S.load_grid(path), S.load_grid(path, extra={"device": "cuda"})
-    assert [c.run_id for c in plain.cells] == [c.run_id for c in cuda.cells]
+    plain, cuda, cuda1 = S.load_grid(path), S.load_grid(path, extra={"device": "cuda"}), S.load_grid(path, extra={"device": "cuda:1"})
+    assert [c.run_id for c in cuda.cells] == [c.run_id for c in cuda1.cells]
+    assert not {c.run_id for c in plain.cells} & {c.run_id for c in cuda.cells}
     assert {c.cfg.device for c in cuda.cells} == {"cuda"}
 
 

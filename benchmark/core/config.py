@@ -1,8 +1,9 @@
 """Run configuration: frozen dataclasses, validated when built.
 
 A run is fully described by one `RunConfig`. Everything that changes the result
-is in it (and therefore in the run id); where a run is written and which device
-it uses are not (see `NON_RESULT_KEYS`).
+is in it (and therefore in the run id); where a run is written, speed and memory
+knobs and the device index are not (see `NON_RESULT_KEYS`), the device type is
+(`numerics_key`: a GPU draws other random numbers than a CPU).
 
 Dotted keys address fields for `--set KEY=VALUE`: `train.lr=1e-3`,
 `system.participation=0.5`, `method.mu=0.01`, `eval.samples=500`, `seed=3`.
@@ -62,6 +63,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model for local training (CUDA only; speed only)
     clients_mode: ClientsMode = "sequential"  # "batched": a round's clients train in lockstep (torch.func.vmap)
     client_batch: int = 0  # clients per lockstep group in batched mode (0 = all of the round's clients)
+    # CUDA numerics (benchmark/core/numerics.py): true = deterministic kernels, cuBLAS workspace
+    # pinned, TF32 off (bitwise reproducible on one GPU model and software stack); false = cuDNN
+    # autotuning and TF32 (faster, not reproducible). Part of the run id on CUDA; CPU has no switch.
+    deterministic: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ class EvalConfig:
     reference_split: Literal["train", "test"] = "train"
     noise_seed: int = 0  # the fixed noises: shared by every run of a dataset, independent of `seed`
     grid: int = 8  # grid side: grid x grid samples in grid.png
+    # memory knobs of evaluation (not of the result: a sample or a feature depends on its batch
+    # neighbours only in the last float bits); lower them when evaluation runs out of GPU memory
+    sample_batch: int = 128  # = diffusion.SAMPLE_BATCH: images per sampling batch (diffusion.SAMPLE_BATCH, measured there)
+    feature_batch: int = 256  # images per feature-extraction batch (Inception, classifier)
 
 
 @dataclass(frozen=True)
@@ -136,12 +145,14 @@ class RunConfig:
         return cls(**kw)
 
     def run_id(self) -> str:
-        """Seed plus a hash of everything that changes the result (device and paths excluded)."""
+        """Seed plus a hash of everything that changes the result: paths and the device index are
+        excluded, the device type is not (see `config_hash`)."""
         return f"s{self.seed}-{config_hash(self)}"
 
 
 NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
-                   "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch")
+                   "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch",
+                   "train.deterministic", "eval.sample_batch", "eval.feature_batch")
 
 
 # Fields added after run ids were first published, with the value that reproduces the runs made
@@ -156,11 +167,34 @@ def round_lr(t: TrainConfig, round_: int) -> float:
     return t.lr
 
 
+def numerics_key(cfg: RunConfig) -> str | None:
+    """What the device adds to the run id: None on CPU (so every CPU run id stays what it was),
+    "cuda" for deterministic CUDA numerics, "cuda-fast" for train.deterministic=false.
+
+    A CUDA generator is Philox and a CPU one mt19937, so the same seed draws other batches,
+    noises and masks on a GPU, and GPU kernels round differently: a GPU run is another run, and
+    it gets another id (another folder, never a resume of a CPU checkpoint). The index (cuda:0,
+    cuda:3) and the GPU model are not in the id: runs on one GPU model are bitwise reproducible,
+    across models they are the same random streams with other roundings (README, Scale-out).
+    """
+    kind = device_type(cfg.device)
+    if kind == "cpu":
+        return None
+    return kind if cfg.train.deterministic else f"{kind}-fast"
+
+
+def device_type(device: str) -> str:
+    """"cuda:3" -> "cuda", "cpu" -> "cpu"."""
+    return str(device).split(":", 1)[0]
+
+
 def config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for key in NON_RESULT_KEYS:
         head, _, rest = key.partition(".")
         (d[head] if rest else d).pop(rest or head, None)
+    if (numerics := numerics_key(cfg)) is not None:
+        d["numerics"] = numerics
     for key, neutral in LATER_FIELDS.items():
         head, _, rest = key.partition(".")
         if d[head].get(rest) == neutral:
@@ -211,6 +245,9 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
            "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
     _check(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,
            "false with train.clients_mode=batched (the vmapped step is not compiled)")
+    _check(t.deterministic or device_type(cfg.device) != "cpu", "train.deterministic", t.deterministic,
+           "true on device cpu (CPU kernels are deterministic already: the switch trades reproducibility for "
+           "speed on CUDA only)")
     _check(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
            "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
     _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
@@ -226,6 +263,8 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
     _check(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
     _check(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
+    _check(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
+    _check(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     _check(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
     # Partition spec and method name / hyperparameters are checked by their owners.

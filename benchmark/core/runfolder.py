@@ -32,6 +32,7 @@ from dfbench.benchmark.core.config import RunConfig
 # -- file names (the format; change nothing here without a migration) -----------------------
 CONFIG = "config.json"
 PARTITION = "partition.json"
+NUMERICS = "numerics.json"  # the device numerics of every start of the run (benchmark/core/numerics.py)
 ROUNDS = "rounds.jsonl"
 METRICS = "metrics.json"
 STATUS = "status.json"

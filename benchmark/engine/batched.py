@@ -17,6 +17,9 @@ The result equals the sequential mode within float tolerance (tests/test_batched
 - Stragglers: clients are grouped by local step count (and objective), so every group
   runs in true lockstep and nothing is computed for a finished client.
 - GroupNorm keeps no running statistics and dropout is 0, so vmapping the model is exact.
+- Attention runs as `model.product_attention` (softmax(QK^T/sqrt d)V written out) inside the
+  vmap: the fused scaled_dot_product_attention kernels have no batching rule, so vmap would run
+  them client by client in a Python loop; the two agree within float rounding.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from dfbench.benchmark.engine.local_step import LocalResult, StepSettings, autocast, clip_rows_
+from dfbench.benchmark.engine.model import product_attention_in
 
 if TYPE_CHECKING:
     from dfbench.methods.base import ClientPlan
@@ -151,7 +155,7 @@ def train_lockstep(
     for s in range(steps):
         x0 = draw_batches(images, indices, batch_size, gens)
         xt, tin, target = noised_inputs(objective, x0, gens)
-        with autocast(images.device, amp):
+        with autocast(images.device, amp), product_attention_in(model):
             grads, losses = step_fn(views, xt, tin, target)
         grad = torch.cat([grads[n].reshape(G, -1) for n in layout.names], dim=1)
         if masks is not None:

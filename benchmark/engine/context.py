@@ -84,8 +84,8 @@ class RunContext:
 
     @property
     def sample_batch(self) -> int:
-        """Images per sampling batch (diffusion.SAMPLE_BATCH: measured, see there)."""
-        return diffusion.SAMPLE_BATCH
+        """Images per sampling batch: eval.sample_batch (default diffusion.SAMPLE_BATCH, measured there)."""
+        return self.cfg.eval.sample_batch
 
     def network_at_width(self, channels: int) -> torch.nn.Module:
         """The run's architecture at another base width, on the meta device (structure only:
@@ -100,7 +100,7 @@ class RunContext:
         flow matching predicts it; a DDPM network's epsilon is converted by SNR matching."""
         if objective == "fm":
             return net(x, t)
-        return diffusion.ddpm_velocity(net, x, t, self.get_objective("ddpm").abar64)
+        return self.get_objective("ddpm").velocity(net, x, t)
 
     @staticmethod
     def integrate_velocity(velocity: Any, noise: torch.Tensor, steps: int, method: str = "heun") -> torch.Tensor:
@@ -116,13 +116,14 @@ class RunContext:
         return diffusion.default_sampler(objective) if s == "auto" else s
 
     @torch.no_grad()
-    def sample_single(self, params: torch.Tensor, noise: torch.Tensor, objective: str, batch: int = diffusion.SAMPLE_BATCH,
+    def sample_single(self, params: torch.Tensor, noise: torch.Tensor, objective: str, batch: int | None = None,
                       network: torch.nn.Module | None = None) -> torch.Tensor:
         """Sample one model (flat params) from the given noise, in batches, on the device.
 
         `network`: what to run instead of ctx.model (its parameters must be ctx.model's, views of
         ctx.flat, e.g. a sub-model that slices them); it is sampled as it is, in its own mode.
         """
+        batch = batch or self.sample_batch
         self.flat.copy_(params)
         obj = self.get_objective(objective)
         sampler = self.sampler_name(objective)

@@ -62,8 +62,20 @@ class DDPM:
     def __init__(self, schedule: Literal["linear", "cosine"] = "cosine", T: int = 1000) -> None:
         self.T = T
         betas = SCHEDULES[schedule](T)
-        self.abar64 = torch.cumprod(1 - betas, dim=0)  # float64 [T]
+        self.abar64 = torch.cumprod(1 - betas, dim=0)  # float64 [T], on the CPU
         self.abar = self.abar64.float()
+        # the schedule on each device it is used on, copied once: indexing a CPU schedule from a
+        # GPU loss would copy it host-to-device (and synchronise the stream) at every local step
+        self._on: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        # 1 - t_max of the velocity conversion (see the velocity space below), as a Python float
+        self.velocity_floor = 1.0 - float(fm_time_of_step(self.abar64[-1:])[0])
+
+    def schedule_on(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """abar as `dtype` on `device`, cached (float32: the training schedule; float64: sampling)."""
+        key = (torch.device(device), dtype)
+        if key not in self._on:
+            self._on[key] = (self.abar if dtype == torch.float32 else self.abar64).to(device=key[0], dtype=dtype)
+        return self._on[key]
 
     def draw(self, shape: tuple[int, ...], gen: torch.Generator, device: torch.device | str,
              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +86,7 @@ class DDPM:
 
     def noised(self, x0: torch.Tensor, i: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(x_t, the network's time i / T, the regression target eps); i has x0's leading dims."""
-        a = self.abar.to(x0.device)[i].view(*i.shape, *[1] * (x0.dim() - i.dim()))
+        a = self.schedule_on(x0.device)[i].view(*i.shape, *[1] * (x0.dim() - i.dim()))
         return a.sqrt() * x0 + (1 - a).sqrt() * eps, i.float() / self.T, eps
 
     def loss(self, net: Net, x0: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -82,11 +94,15 @@ class DDPM:
         xt, tin, target = self.noised(x0, *self.draw(tuple(x0.shape), gen, x0.device, x0.dtype))
         return (net(xt, tin) - target).square().mean()
 
+    def velocity(self, net: Net, x_t: torch.Tensor, t: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        """`ddpm_velocity` of this schedule, from its copy on x_t's device."""
+        return ddpm_velocity(net, x_t, t, self.schedule_on(x_t.device, torch.float64), clamp, floor=self.velocity_floor)
+
     @torch.no_grad()
     def sample(self, net: Net, noise: torch.Tensor, steps: int) -> torch.Tensor:
         """DDIM, eta = 0: x_{s} = sqrt(abar_s) x0_hat + sqrt(1 - abar_s) eps_hat over `steps` even steps."""
         idx = torch.linspace(self.T - 1, 0, steps).round().long().tolist()
-        abar = self.abar64.to(noise.device)
+        abar = self.schedule_on(noise.device, torch.float64)
         x = noise
         for j, i in enumerate(idx):
             t = torch.full((x.shape[0],), i / self.T, device=x.device)
@@ -224,7 +240,7 @@ def match_ddpm_index(t: torch.Tensor, abar64: torch.Tensor) -> torch.Tensor:
     lam_steps = ddpm_logsnr(abar64).to(t.device)  # decreasing in i
     xs = lam_steps.flip(0)  # increasing: knot j <-> step T-1-j
     T = xs.numel()
-    q = fm_logsnr(t).clamp(float(xs[0]), float(xs[-1]))
+    q = fm_logsnr(t).clamp(xs[0], xs[-1])  # tensor bounds: no device-to-host sync
     j = torch.searchsorted(xs, q, right=True).clamp(1, T - 1)
     x0, x1 = xs[j - 1], xs[j]
     w = (q - x0) / (x1 - x0).clamp_min(1e-300)
@@ -269,18 +285,22 @@ def eps_to_velocity(eps_hat: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, o
     return eps - x0
 
 
-def ddpm_velocity(net: Net, x_t: torch.Tensor, t: torch.Tensor, abar64: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+def ddpm_velocity(net: Net, x_t: torch.Tensor, t: torch.Tensor, abar64: torch.Tensor, clamp: bool = True,
+                  floor: float | None = None) -> torch.Tensor:
     """Velocity of a DDPM (epsilon) network at FM state (x_t, t) by SNR matching; same dtype as x_t.
 
     The network is fed the rescaled state x_t / sqrt((1 - t)^2 + t^2) and its continuous step
-    s / T (training fed step i as i / T).
+    s / T (training fed step i as i / T). `floor`: 1 - t_max, computed from abar64 when not given
+    (DDPM.velocity passes its cached one and the schedule already on x_t's device, so a GPU
+    sampling step neither copies the schedule nor waits for the device).
     """
     T = abar64.numel()
     t64 = t.double().to(x_t.device)
     s = match_ddpm_index(t64, abar64)
     scale = _col(((1 - t64).square() + t64.square()).sqrt(), x_t)
     eps_hat = net((x_t.double() / scale).to(x_t.dtype), (s / T).to(x_t.dtype))
-    floor = 1.0 - float(fm_time_of_step(abar64[-1:])[0])  # 1 - t_max (see the module docstring)
+    if floor is None:
+        floor = 1.0 - float(fm_time_of_step(abar64[-1:])[0])  # 1 - t_max (see the module docstring)
     return eps_to_velocity(eps_hat, x_t, t64, floor, clamp).to(x_t.dtype)
 
 

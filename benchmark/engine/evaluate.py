@@ -6,6 +6,7 @@ later — e.g. once the Inception weights have been placed — without re-sampli
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import torch
 from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.core.config import ConfigError, RunConfig
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.metrics.drift import attach_drift
 
@@ -66,6 +67,7 @@ def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progre
     try:
         rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
                                        data_root=cfg.data.root, device=cfg.device, progress=progress, seed=cfg.seed,
+                                       batch_size=cfg.eval.feature_batch,
                                        client_indices=client_indices, group_of_client=expert_of_client,
                                        client_split_size=split_size)
     except MissingWeightsError as err:
@@ -157,12 +159,95 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     runfolder.write_status(d, runfolder.DONE, **({"evaluation_pending": pending} if pending else {}))
 
 
-def evaluate_dir(d: str | Path) -> list[dict[str, Any]]:
-    """`dfbench eval RUN_DIR`: score a finished run's saved samples (e.g. after placing weights)."""
+def default_device() -> str:
+    """Where `dfbench eval` scores by default: "cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def available_devices() -> list[str]:
+    """The devices this process can compute on: cpu, then cuda:0 .. cuda:N-1."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu", *(f"cuda:{i}" for i in range(n))]
+
+
+def check_device(device: str, fix: str = "pass one of them") -> str:
+    """`device` if this machine has it ("cuda" = the current GPU); else ConfigError naming the ones it has.
+
+    Before any work: on a CPU-only machine CUDA fails deep inside ("Torch not compiled with CUDA",
+    "Found no NVIDIA driver") and cuda:3 on a 2-GPU machine with "invalid device ordinal"."""
+    dev = str(device)
+    have = available_devices()
+    kind, _, index = dev.partition(":")
+    ok = dev == "cpu" or (kind == "cuda" and len(have) > 1 and (index == "" or f"cuda:{index}" in have))
+    if not ok:
+        raise ConfigError(f"device {dev!r} is not available on this machine (available: {', '.join(have)}); {fix}")
+    return dev
+
+
+def eval_device(device: str | None = None) -> str:
+    """The device evaluation runs on: `device` (checked to exist here), else `default_device()`."""
+    return check_device(default_device() if device is None else device,
+                        fix="pass --device with one of them (a run trained on a GPU can be scored anywhere)")
+
+
+def on_device(cfg: RunConfig, device: str) -> RunConfig:
+    """A copy of `cfg` that computes on `device` (config.json is never rewritten: it says where the run
+    trained). On cpu also train.deterministic=true and train.compile=false, which cpu requires (the
+    first is a no-op there, the second speed only)."""
+    if cfg.device == device:
+        return cfg
+    if device == "cpu":
+        return dataclasses.replace(cfg, device=device, train=dataclasses.replace(cfg.train, deterministic=True, compile=False))
+    return dataclasses.replace(cfg, device=device)
+
+
+def eval_oom_message(cfg: RunConfig, err: BaseException, rerun: str, *, of_run: bool = True) -> str:
+    """Advice after torch.cuda.OutOfMemoryError in sampling, feature extraction or scoring (one line):
+    evaluation has its own batches (eval.sample_batch, eval.feature_batch), training's do not matter.
+    `rerun`: the command that goes on with the halved batches, its overrides at the end; `of_run`:
+    it is the run's own (`dfbench run`, grid), which resumes at evaluation, not `dfbench eval`."""
+    e = cfg.eval
+    halved = f"--set eval.sample_batch={max(1, e.sample_batch // 2)} --set eval.feature_batch={max(1, e.feature_batch // 2)}"
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    why = ("neither key changes the run id (memory and speed only), so the rerun resumes at evaluation from the "
+           "final checkpoint without retraining" if of_run else
+           "they are memory and speed only: the run and its config.json are left as they are")
+    return (f"out of GPU memory on {cfg.device} during evaluation: lower eval.sample_batch (now {e.sample_batch}, "
+            f"images per sampling batch) or eval.feature_batch (now {e.feature_batch}, images per feature-extraction "
+            f"batch), e.g. {rerun} {halved}; {why}. CUDA said: {said}")
+
+
+def evaluate_dir(d: str | Path, device: str | None = None, *, sample_batch: int | None = None,
+                 feature_batch: int | None = None) -> list[dict[str, Any]]:
+    """`dfbench eval RUN_DIR`: score a finished run's saved samples (e.g. after placing weights).
+
+    On `device` (default: `default_device()`), not config.json's training device: a GPU-trained run
+    is scored on a CPU-only machine too; a device this machine lacks is refused before any work.
+    `sample_batch` / `feature_batch` replace eval.sample_batch / eval.feature_batch for this
+    scoring (memory only). Out of GPU memory raises memory.OutOfMemory naming them; the run's
+    status stays what it was (its metrics.json too).
+    """
+    from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory
+
     d = Path(d)
     if not (d / runfolder.CONFIG).exists():
         raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
-    cfg = RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG))
+    device = eval_device(device)
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    batches = {k: v for k, v in (("sample_batch", sample_batch), ("feature_batch", feature_batch)) if v is not None}
+    if batches:
+        from dfbench.benchmark.core.config import apply_overrides
+
+        cfg = apply_overrides(cfg, {f"eval.{k}": v for k, v in batches.items()})  # validated
+    try:
+        return _evaluate_dir(d, cfg)
+    except torch.cuda.OutOfMemoryError as err:
+        msg = eval_oom_message(cfg, err, rerun=f"dfbench eval {d} --device {device}", of_run=False)
+    free_gpu_memory()  # out of the except block: the failed frames (and their tensors) are gone
+    raise OutOfMemory(msg)
+
+
+def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
     samples = _saved_samples(d, cfg)
     metrics = runfolder.read_json(d / runfolder.METRICS) if (d / runfolder.METRICS).exists() else {}
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
@@ -222,11 +307,15 @@ def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: b
 
     The resume path of `_run` with no round left: the method's state from the final checkpoint
     (saved after finalize, so an expert mixture's router is restored, not retrained), then the
-    same fixed noises and sampler. `dfbench eval` uses it when samples.npz is missing.
-    Raises FileNotFoundError when the final checkpoint is not there (the run never finished).
+    same fixed noises and sampler. `dfbench eval` uses it when samples.npz is missing, with `cfg`
+    on its eval device (`on_device`): on another device type than training's the images agree up to
+    that device's roundings. Raises FileNotFoundError when the final checkpoint is not there (the
+    run never finished).
     """
+    from dfbench.benchmark.core import numerics
     from dfbench.benchmark.engine.context import build_context
 
+    numerics.configure(cfg.device, cfg.train.deterministic)  # the kernels the run sampled with (CUDA: TF32 off)
     ctx = build_context(cfg, data=data)
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
     if cfg.train.compile:

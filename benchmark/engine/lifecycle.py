@@ -21,11 +21,12 @@ from typing import Any, Callable
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import RunConfig, check_world, round_lr
+from dfbench.benchmark.core import numerics, runfolder
+from dfbench.benchmark.core.config import ConfigError, RunConfig, check_world, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
 from dfbench.benchmark.engine import distributed
 from dfbench.benchmark.engine.context import RunContext, build_context
+from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.training import train_round
 
 
@@ -52,10 +53,6 @@ class Interrupted(SystemExit):
             return signal.Signals(self.signum).name
         except ValueError:
             return f"signal {self.signum}"
-
-
-class OutOfMemory(RuntimeError):
-    """The run did not fit in GPU memory; the message names the settings to lower."""
 
 
 def oom_message(cfg: RunConfig, err: BaseException) -> str:
@@ -121,6 +118,10 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
 def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, progress: bool, data: Any,
                  lock: RunLock | None) -> Path:
     """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
+    # the device's numerics before the device is touched (cuBLAS reads its workspace setting once)
+    started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic)
+    if writer:
+        starts = _numerics_starts(d, started)
     ctx = build_context(cfg, data=data)
     ctx.rank, ctx.world = rank, world
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
@@ -132,6 +133,7 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
         d.mkdir(parents=True, exist_ok=True)
         runfolder.write_json(d / runfolder.CONFIG, {"run_id": cfg.run_id(), **cfg.to_dict()})
         runfolder.write_json(d / runfolder.PARTITION, ctx.partition.to_json(ctx.labels))
+        runfolder.write_json(d / runfolder.NUMERICS, {"starts": starts})
         runfolder.write_status(d, runfolder.RUNNING)
     try:
         return _run(cfg, ctx, method, d, writer, progress, owner)
@@ -144,18 +146,48 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
         if owner():
             runfolder.write_status(d, runfolder.DIVERGED, error=str(err))
         return d
-    except torch.cuda.OutOfMemoryError as err:
-        msg = oom_message(cfg, err)
+    except (torch.cuda.OutOfMemoryError, OutOfMemory) as err:
+        # training's (advice: train.*) or evaluation's, which _run raised with its own advice (eval.*).
+        # The GPU memory is freed where the exception ends (free_gpu_memory): here its traceback
+        # still holds the failed frames' tensors, so emptying the cache would return nothing.
+        msg = str(err) if isinstance(err, OutOfMemory) else oom_message(cfg, err)
         if owner():
             _final_status(d, runfolder.FAILED, error=f"OutOfMemory: {msg}", traceback=traceback.format_exc())
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # a grid worker goes on with its next cell
+        if isinstance(err, OutOfMemory):
+            raise
         raise OutOfMemory(msg) from err
     except Exception as err:  # not BaseException: after Ctrl-C / SystemExit the status stays "running"
         # (unfinished, like a killed run), so the next `dfbench run` or grid resumes it
+        hint = numerics.nondeterministic_hint(err)
         if owner():
-            _final_status(d, runfolder.FAILED, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+            _final_status(d, runfolder.FAILED, error=hint or f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+        if hint:
+            raise NondeterministicOp(hint) from err
         raise
+
+
+class NondeterministicOp(RuntimeError):
+    """A CUDA op without a deterministic kernel under train.deterministic=true; the message says what to do."""
+
+
+def _numerics_starts(d: Path, now: dict[str, Any]) -> list[dict[str, Any]]:
+    """numerics.json's list of starts with this one appended; a resume on another device type is refused.
+
+    The run id holds the device type, so a folder of another type is a copied or hand-made one: its
+    checkpoint comes from other random streams (CUDA generators are Philox, CPU ones mt19937).
+    Another GPU model of the same type is allowed and recorded (same streams, other roundings).
+    """
+    path = d / runfolder.NUMERICS
+    try:
+        before = list(runfolder.read_json(path).get("starts", [])) if path.is_file() else []
+    except (OSError, ValueError):
+        before = []
+    kinds = {s.get("device_type") for s in before} - {None}
+    if kinds and kinds != {now["device_type"]}:
+        raise ConfigError(f"{d} was trained on {', '.join(sorted(kinds))} ({runfolder.NUMERICS}); resuming it on "
+                           f"{now['device_type']} would mix two runs (the random streams differ by device type). "
+                           f"Run it on {', '.join(sorted(kinds))}, or start it over with --force")
+    return before + [now]
 
 
 def _final_status(d: Path, state: str, **extra: Any) -> None:
@@ -223,9 +255,13 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
     # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
     runfolder.save_checkpoint(d, cfg.train.rounds, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
-    from dfbench.benchmark.engine.evaluate import evaluate_state
+    from dfbench.benchmark.engine.evaluate import eval_oom_message, evaluate_state
 
-    evaluate_state(d, cfg, ctx, method, state, ema, totals, extra_metrics, progress=progress)
+    try:
+        evaluate_state(d, cfg, ctx, method, state, ema, totals, extra_metrics, progress=progress)
+    except torch.cuda.OutOfMemoryError as err:  # sampling, feature extraction, scoring: their own batches
+        raise OutOfMemory(eval_oom_message(cfg, err, rerun="rerun the same `dfbench run` (or `dfbench grid "
+                                                          "--retry-failed`) with")) from err
     return d
 
 

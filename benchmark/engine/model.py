@@ -7,7 +7,9 @@ the velocity eps - x0 (flow matching).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -71,7 +73,19 @@ class ResBlock(nn.Module):
         return self.skip(x) + h
 
 
+def product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v, written out: the maths of scaled_dot_product_attention in ops
+    that torch.func.vmap batches (its fused kernels have no batching rule, so under vmap they run
+    once per client in a Python loop, with a "performance drop" warning, on CPU and CUDA alike)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 class Attention(nn.Module):
+    # True inside `product_attention_in` (batched clients); the fused kernel otherwise (one
+    # network: the sequential clients and sampling, whose results are committed)
+    explicit: bool = False
+
     def __init__(self, ch: int) -> None:
         super().__init__()
         self.norm = nn.GroupNorm(_groups(ch), ch)
@@ -81,8 +95,24 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, h, w = x.shape
         q, k, v = self.qkv(self.norm(x)).reshape(b, 3, c, h * w).transpose(-1, -2).unbind(1)
-        y = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        if self.explicit:
+            y = product_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
         return x + self.out(y.transpose(-1, -2).reshape(b, c, h, w))
+
+
+@contextlib.contextmanager
+def product_attention_in(model: nn.Module) -> Iterator[None]:
+    """Every Attention of `model` computes `product_attention` inside (for vmapped clients)."""
+    blocks = [m for m in model.modules() if isinstance(m, Attention)]
+    for m in blocks:
+        m.explicit = True
+    try:
+        yield
+    finally:
+        for m in blocks:
+            m.explicit = False
 
 
 class UNet(nn.Module):

@@ -175,6 +175,8 @@ def _run_cell(cell: Cell, before: str, out: str | Path, cache: _DataCache, *, st
         except Exception as err:  # noqa: BLE001 - isolate the cell: record it, go on with the grid
             error = f"{type(err).__name__}: {err}".splitlines()[0]
         seconds = time.perf_counter() - t0
+        if error:  # the exception is gone now, and with its traceback the failed cell's tensors:
+            lifecycle.free_gpu_memory()  # give their GPU memory back before the next cell (after an OOM)
     finally:
         lk.release()
     after = cell_state(out, cell)
@@ -191,6 +193,10 @@ def _check_devices(cells: Sequence[Cell]) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"invalid value for 'device': {wanted[0]!r}; allowed: cpu (no CUDA device is visible to this process)")
+        from dfbench.benchmark.engine.evaluate import check_device
+
+        for device in wanted:  # cuda:3 on a 2-GPU machine: "invalid device ordinal" in every cell otherwise
+            check_device(device, fix="pass --device cuda or one of them")
 
 
 def _bar(items: Iterable[Any], enabled: bool, desc: str) -> Iterable[Any]:

@@ -3,10 +3,11 @@
 `run_with_workers` checks the selected cells' inputs once (fetching them with `download`),
 starts N-1 more `dfbench grid` processes on the same grid file, overrides, selection and --out
 (quiet, without --download), then works too; the cells are shared through their run locks
-(benchmark/grid/runner.py), longest estimated cost first. Unless OMP_NUM_THREADS is set, every
-process gets cores/N torch threads (this one included): CPU results depend on the thread count,
-so pin OMP_NUM_THREADS for numbers you want to reproduce. The summary it returns reads again,
-once they have exited, the cells the other workers ran.
+(benchmark/grid/runner.py), longest estimated cost first. Cells on the unindexed "cuda" are spread
+over the visible GPUs: worker i (this process is worker 0) on cuda:(i mod GPUs), `worker_devices`.
+Unless OMP_NUM_THREADS is set, every process gets cores/N torch threads (this one included): CPU
+results depend on the thread count, so pin OMP_NUM_THREADS for numbers you want to reproduce. The
+summary it returns reads again, once they have exited, the cells the other workers ran.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ def set_text(value: Any) -> str:
     return json.dumps(value)  # numbers, booleans, null, and strings that would parse as one of them
 
 
-def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_failed: bool = False) -> list[str]:
+def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_failed: bool = False,
+                device: str | None = None) -> list[str]:
     """The `dfbench grid` arguments of one extra worker: the same grid file, overrides (`grid.extra`),
-    --only and --out, quiet; never --workers, --shard, --force or --download (the first process fetched)."""
+    --only and --out, quiet; never --workers, --shard, --force or --download (the first process fetched).
+    `device`: its --device instead of the grid's (`worker_devices`: one GPU of several)."""
     if not Path(grid.source).is_file():
         raise ConfigError(f"grid workers read the grid from its file; {grid.source!r} is not one "
                           "(load the grid with load_grid, or run it with workers=1)")
@@ -43,8 +46,31 @@ def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_
     for pattern in only:
         argv += ["--only", pattern]
     for key, value in grid.extra:
-        argv += ["--device", str(value)] if key == "device" else ["--set", f"{key}={set_text(value)}"]
+        if key == "device":
+            argv += [] if device is not None else ["--device", str(value)]
+        else:
+            argv += ["--set", f"{key}={set_text(value)}"]
+    if device is not None:
+        argv += ["--device", device]
     return argv + (["--retry-failed"] if retry_failed else []) + ["--no-progress"]
+
+
+def worker_devices(cell_devices: Sequence[str], workers: int, gpus: int) -> list[str | None]:
+    """The device of each worker (0 = the calling process), None where the cells' own is kept.
+
+    When every cell is on the unindexed "cuda" and there are `gpus` > 1, worker i computes on
+    cuda:(i mod gpus); explicit cuda:K cells, CPU cells and a mix stay as the grid says (a --device
+    would override them all). The index is not in the run id, so the workers still share the cells.
+    """
+    if gpus > 1 and cell_devices and all(d == "cuda" for d in cell_devices):
+        return [f"cuda:{i % gpus}" for i in range(workers)]
+    return [None] * workers
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def worker_command(argv: list[str]) -> list[str]:
@@ -88,13 +114,20 @@ def run_with_workers(grid: Grid, out: str | Path, *, workers: int = 1, shard: tu
         raise ConfigError("--workers: the other worker processes load their datasets themselves; pass data only with one worker")
     from dfbench.benchmark.grid.fetch import preflight
 
-    argv = worker_command(worker_argv(grid, out, only=only, retry_failed=retry_failed))
+    selected = select_cells(grid.cells, only=only)
+    devices = worker_devices([c.cfg.device for c in selected], workers, _gpu_count())
+    argvs = [worker_command(worker_argv(grid, out, only=only, retry_failed=retry_failed, device=dev)) for dev in devices[1:]]
+    if devices[0] is not None:  # this process on cuda:0, as its grid file read with that --device
+        from dfbench.benchmark.grid.spec import load_grid
+
+        grid = load_grid(grid.source, extra={**dict(grid.extra), "device": devices[0]})
     # once, before any worker starts: missing inputs stop (or, with download, are fetched) here
-    preflight([c.cfg for c in select_cells(grid.cells, only=only)], download=download, check_data=True, progress=progress)
+    preflight([c.cfg for c in selected], download=download, check_data=True, progress=progress)
     env = worker_env(workers)
-    procs = [subprocess.Popen(argv, env=env) for _ in range(workers - 1)]
+    procs = [subprocess.Popen(argv, env=env) for argv in argvs]
+    on = f"; devices {' '.join(devices)}" if devices[0] is not None else ""
     print(f"dfbench grid: {workers} workers on {out} (pids {os.getpid()} "
-          f"{' '.join(str(p.pid) for p in procs)}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']})", file=sys.stderr)
+          f"{' '.join(str(p.pid) for p in procs)}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']}{on})", file=sys.stderr)
     try:
         summary = run_grid(grid, out, only=only, retry_failed=retry_failed, progress=progress, echo=echo)
     finally:

@@ -41,6 +41,7 @@ from pytorch_fid.inception import (
 from torch import nn
 
 # The weights lookup lives in .weights (also used by `dfbench fetch`); re-exported here.
+from dfbench.benchmark.core.numerics import exact_float32, features_key
 from dfbench.benchmark.metrics.weight_files import (
     CLEAN_INCEPTION_WEIGHTS,
     INCEPTION_WEIGHTS,
@@ -258,6 +259,11 @@ class Extractor:
     prepare: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)
     device: str = "cpu"
 
+    @property
+    def numerics(self) -> str:
+        """What besides the weights changes its features: device type and GPU model (numerics.features_key)."""
+        return features_key(self.device)
+
     def features(
         self,
         images_uint8: torch.Tensor,
@@ -268,7 +274,9 @@ class Extractor:
         """Features of uint8 images [N, C, H, W] as float64 [N, dims].
 
         Batched, under `torch.inference_mode`, on `device` (default: the
-        device the extractor was built for). Results do not depend on
+        device the extractor was built for), in float32 with TF32 off
+        (`numerics.exact_float32`: on Ampere and later GPUs TF32 would move the
+        features away from the float32 references). Results do not depend on
         `batch_size` beyond float rounding of the backend.
         """
         if not isinstance(images_uint8, torch.Tensor) or images_uint8.dtype != torch.uint8:
@@ -289,7 +297,7 @@ class Extractor:
             from tqdm import tqdm
 
             starts = tqdm(starts, desc=f"{self.name} features", unit="batch")
-        with torch.inference_mode():
+        with torch.inference_mode(), exact_float32():
             for start in starts:
                 batch = images_uint8[start : start + batch_size].to(target, non_blocking=True)
                 feats = self.network(self.prepare(batch).to(target))

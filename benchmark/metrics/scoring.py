@@ -33,6 +33,7 @@ from dfbench.benchmark.metrics.features import (
     find_weights,
     get_extractor,
 )
+from dfbench.benchmark.core.numerics import exact_float32
 from dfbench.benchmark.metrics import table
 from dfbench.benchmark.metrics.fid import GaussianMoments, frechet_distance, kid
 from dfbench.benchmark.metrics.folders import fid_between, load_image_source
@@ -111,7 +112,10 @@ def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _reference_path(root: Path, dataset: str, split: str, dataset_sha: str, extractor: Extractor) -> Path:
-    name = f"{dataset}-{split}-{dataset_sha[:16]}-{extractor.name}-{extractor.sha256[:16]}-v{_CACHE_VERSION}.npz"
+    # the numerics (device type, GPU model) are in the key: a reference built on a GPU is never
+    # mixed with samples scored on a CPU, nor one from another GPU model
+    name = (f"{dataset}-{split}-{dataset_sha[:16]}-{extractor.name}-{extractor.sha256[:16]}-{extractor.numerics}"
+            f"-v{_CACHE_VERSION}.npz")
     return root / "reference_stats" / name
 
 
@@ -160,7 +164,9 @@ def _reference(
     if path.is_file():
         with np.load(path, allow_pickle=False) as cached:
             # The file name holds hash prefixes; the full hashes inside decide.
-            if str(cached["dataset_sha256"]) == data.sha256 and str(cached["extractor_sha256"]) == extractor.sha256:
+            same = (str(cached["dataset_sha256"]) == data.sha256 and str(cached["extractor_sha256"]) == extractor.sha256
+                    and "numerics" in cached.files and str(cached["numerics"]) == extractor.numerics)
+            if same:
                 return {key: cached[key] for key in _CACHED_KEYS}
     arrays = _compute_reference(data.images, extractor, batch_size, progress)
     arrays["label_counts"] = np.bincount(np.asarray(data.labels, dtype=np.int64))
@@ -171,6 +177,7 @@ def _reference(
             "dataset_sha256": np.array(data.sha256),
             "extractor_sha256": np.array(extractor.sha256),
             "extractor": np.array(extractor.name),
+            "numerics": np.array(extractor.numerics),
         },
     )
     return arrays
@@ -189,7 +196,8 @@ def reference_stats(
     """(mean, covariance) of `extractor` features over a dataset split, float64.
 
     Computed once and cached as an npz under a key made of the dataset, split,
-    the dataset's source sha256, the extractor name and its weights' sha256;
+    the dataset's source sha256, the extractor name, its weights' sha256 and
+    its numerics (device type and GPU model: `Extractor.numerics`);
     later calls read the file. Written atomically.
     """
     arrays = _reference(
@@ -274,6 +282,7 @@ def evaluate_images(
     return rows
 
 
+@exact_float32()  # TF32 off for the features and every matrix product of the scores (GPU)
 def evaluate_samples(
     images: torch.Tensor,
     dataset: str,

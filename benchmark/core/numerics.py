@@ -1,0 +1,143 @@
+"""The numerics of a run on its device, set in ONE place, and what was set, for the run folder.
+
+PyTorch's defaults trade reproducibility for speed on CUDA: cuDNN picks convolution algorithms
+by timing them (`cudnn.benchmark`), several backward kernels (convolution weight gradients,
+the attention backward, index_add) accumulate with atomics, cuBLAS splits reductions by its
+workspace, and TF32 (10-bit mantissa) is on for cuDNN convolutions. Two identical GPU runs then
+differ in the last bits, Adam amplifies the difference, and "resume equals uninterrupted",
+"N ranks equal one process" and the bitwise checks of the loop stop holding.
+
+`configure(device, deterministic)` sets, before a run touches its device:
+
+- CUDA, deterministic (train.deterministic = true, the default): `use_deterministic_algorithms`
+  (an op with no deterministic CUDA kernel raises, naming itself, instead of drifting),
+  cudnn.deterministic, no autotuning, `CUBLAS_WORKSPACE_CONFIG=:4096:8`, TF32 off for matmul and
+  cuDNN, float32 matmul precision "highest". Bitwise reproducible on one GPU model with one
+  software stack (driver, CUDA, cuDNN, torch); another GPU model runs other kernels.
+- CUDA, fast (train.deterministic = false): cuDNN autotuning and TF32 on; not reproducible.
+- CPU: PyTorch's defaults (deterministic algorithms off: CPU kernels are deterministic for a
+  fixed thread count already, and the flag would fill every torch.empty with NaN at a cost), so
+  a CPU cell after a CUDA cell in one process runs exactly as in a fresh one.
+
+`record(device, deterministic)` is what a run folder's numerics.json keeps of it.
+`exact_float32()` is the context of feature extraction and scoring: TF32 off whatever the run
+set, restored after, so features match the float32 references on every GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# cuBLAS: a fixed workspace of 8 buffers of 4096 KiB makes its reductions deterministic
+# (NVIDIA's documented setting; ":16:8" uses less memory and is slower).
+CUBLAS_WORKSPACE = ":4096:8"
+_VALID_WORKSPACES = (":4096:8", ":16:8")
+
+
+def device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def configure(device: str | torch.device, deterministic: bool = True) -> dict[str, Any]:
+    """Set the process-wide numerics for a run on `device`; returns `record(...)` of what is set."""
+    kind = device_type(device)
+    if kind == "cuda":
+        if deterministic:
+            if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in _VALID_WORKSPACES:
+                os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # read by cuBLAS when a handle is made
+        _deterministic_algorithms(deterministic)
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = not deterministic
+        torch.backends.cuda.matmul.allow_tf32 = not deterministic
+        torch.backends.cudnn.allow_tf32 = not deterministic
+        torch.set_float32_matmul_precision("highest" if deterministic else "high")
+    else:
+        _deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cudnn.benchmark = False
+        torch.set_float32_matmul_precision("highest")
+    return record(device, deterministic)
+
+
+def _deterministic_algorithms(on: bool) -> None:
+    # only when it changes: setting it imports torch._inductor (about 2.4 s per process)
+    if torch.are_deterministic_algorithms_enabled() != on:
+        torch.use_deterministic_algorithms(on)
+
+
+def device_name(device: str | torch.device) -> str:
+    """The GPU model (CUDA) or the CPU model: what decides the kernels, hence the last bits."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(dev)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(device: str | torch.device, deterministic: bool) -> dict[str, Any]:
+    """The numerics in force, as numerics.json keeps them (one entry per start of a run)."""
+    cudnn = torch.backends.cudnn
+    return {
+        "device": str(device),
+        "device_type": device_type(device),
+        "device_name": device_name(device),
+        "deterministic": bool(deterministic) if device_type(device) == "cuda" else True,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn.version() if cudnn.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def features_key(device: str | torch.device) -> str:
+    """What changes feature values besides the network: the device type and, on CUDA, the GPU model
+    (float32, TF32 off: `exact_float32`). Part of the reference-statistics cache key."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return f"{dev.type}-fp32"
+    name = "".join(ch if ch.isalnum() else "_" for ch in device_name(dev)).strip("_")
+    return f"cuda-{name}-fp32"
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """Float32 without TF32 inside (matmul and cuDNN), the previous settings restored after."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def nondeterministic_hint(err: BaseException) -> str | None:
+    """The advice for PyTorch's "no deterministic implementation" error, or None for other errors."""
+    text = str(err)
+    if "deterministic" not in text or "use_deterministic_algorithms" not in text:
+        return None
+    first = text.strip().splitlines()[0]
+    return (f"{first} -- this op has no deterministic CUDA kernel in this torch build; run with "
+            f"--set train.deterministic=false (faster, not bitwise reproducible: another run id) "
+            f"or report the op so that the model avoids it")
