@@ -213,7 +213,8 @@ def test_speed_knobs_are_validated_and_keep_the_run_id():
     assert apply_overrides(base, {"train.amp": "bf16"}).run_id() != base.run_id()  # bf16 changes the numerics
 
 
-def test_channels_last_and_bf16_train_the_same_model(tiny_data):
+def test_channels_last_and_bf16_train_the_same_model(tiny_data, monkeypatch):
+    monkeypatch.setenv("DFBENCH_CPU_BF16", "emulate")  # bf16 itself, also on a CPU without native bfloat16
     # channels_last changes only the memory layout; bf16 autocast changes rounding, not the maths
     cfg = tiny_config(over={"train.model": "small28"})
     ctx = build_context(cfg, data=tiny_data)
@@ -228,7 +229,8 @@ def test_channels_last_and_bf16_train_the_same_model(tiny_data):
     assert float(((out["bf16"].params - ctx.init_params) - delta).norm() / delta.norm()) < 0.5
 
 
-def test_batched_bf16_trains_like_sequential_bf16(tiny_data):
+def test_batched_bf16_trains_like_sequential_bf16(tiny_data, monkeypatch):
+    monkeypatch.setenv("DFBENCH_CPU_BF16", "emulate")
     # bf16 rounds differently in the vmapped and the plain forward: same draws, updates agree to bf16 precision
     cfg = tiny_config(over={"train.model": "small28"})
     ctx = build_context(cfg, data=tiny_data)

@@ -351,3 +351,51 @@ def test_product_attention_equals_the_fused_kernel():
     q, k, v = (torch.randn(3, 49, 32, generator=g, dtype=torch.float64) for _ in range(3))
     fused = torch.nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
     torch.testing.assert_close(product_attention(q, k, v), fused, rtol=1e-12, atol=1e-12)
+
+
+# -- bf16 on a CPU without native bfloat16 -------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,native", [("fpu avx2 fma", False), ("fpu avx2 avx512f avx512_bf16", True),
+                                           ("fpu avx2 amx_tile amx_bf16", True)])
+def test_bf16_falls_back_to_float32_with_a_message_where_the_cpu_lacks_it(flags, native, monkeypatch):
+    from dfbench.benchmark.engine.local_step import autocast
+
+    monkeypatch.delenv("DFBENCH_CPU_BF16", raising=False)
+    monkeypatch.setattr(numerics, "cpu_bf16", lambda: native)
+    used, note = numerics.effective_amp("cpu", "bf16")
+    assert used == ("bf16" if native else "off") and (note is None) == native
+    assert numerics.effective_amp("cuda:0", "bf16") == ("bf16", None)  # CUDA: never
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with autocast(torch.device("cpu"), "bf16"):
+            dtype = torch.matmul(torch.ones(2, 2), torch.ones(2, 2)).dtype
+    assert dtype == (torch.bfloat16 if native else torch.float32)
+    assert [str(w.message) for w in seen if "DFBENCH_CPU_BF16=emulate" in str(w.message)] == ([] if native else [note])
+    monkeypatch.setenv("DFBENCH_CPU_BF16", "emulate")
+    assert numerics.effective_amp("cpu", "bf16") == ("bf16", None)
+
+
+def test_cpu_bf16_reads_the_flags(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    for text, want in (("processor : 0\nflags : fpu avx2\n", False), ("flags : avx512_bf16 avx2\n", True),
+                       ("Features : fp asimd bf16\n", True), ("nothing here\n", None)):
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        monkeypatch.setattr(builtins, "open", lambda f, *a, **k: real_open(path if f == "/proc/cpuinfo" else f, *a, **k))
+        numerics.cpu_bf16.cache_clear()
+        assert numerics.cpu_bf16() is want
+    monkeypatch.setattr(builtins, "open", real_open)
+    numerics.cpu_bf16.cache_clear()
+
+
+def test_numerics_json_records_the_amp_a_run_used(tiny_data, tmp_path, monkeypatch):
+    from dfbench.benchmark.engine import lifecycle
+
+    monkeypatch.delenv("DFBENCH_CPU_BF16", raising=False)
+    monkeypatch.setattr(numerics, "cpu_bf16", lambda: False)
+    with pytest.warns(RuntimeWarning, match="train.amp=bf16 runs in float32"):
+        d = lifecycle.run(tiny_config(over={"train.amp": "bf16"}), tmp_path, progress=False, data=tiny_data)
+    start = json.loads((d / runfolder.NUMERICS).read_text())["starts"][0]
+    assert start["amp"] == "off" and "DFBENCH_CPU_BF16=emulate" in start["amp_note"]

@@ -20,6 +20,10 @@ differ in the last bits, Adam amplifies the difference, and "resume equals unint
   a CPU cell after a CUDA cell in one process runs exactly as in a fresh one.
 
 `record(device, deterministic)` is what a run folder's numerics.json keeps of it.
+`effective_amp(device, amp)`: bf16 autocast on a CPU without native bfloat16 (no avx512_bf16 /
+amx_bf16 on x86, no bf16 on Arm) is emulated, 7.7x slower than float32 on the AMD EPYC that made
+results/cpu-recipe; there it falls back to float32 with a warning, recorded in numerics.json
+(DFBENCH_CPU_BF16=emulate runs the emulation anyway, e.g. to test bf16 numerics on such a CPU).
 `exact_float32()` is the context of feature extraction and scoring: TF32 off whatever the run
 set, restored after, so features match the float32 references on every GPU.
 """
@@ -27,8 +31,10 @@ set, restored after, so features match the float32 references on every GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,8 +50,9 @@ def device_type(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
-def configure(device: str | torch.device, deterministic: bool = True) -> dict[str, Any]:
-    """Set the process-wide numerics for a run on `device`; returns `record(...)` of what is set."""
+def configure(device: str | torch.device, deterministic: bool = True, amp: str = "off") -> dict[str, Any]:
+    """Set the process-wide numerics for a run on `device`; returns `record(...)` of what is set
+    (with `amp`, train.amp, as it will run: `effective_amp`)."""
     kind = device_type(device)
     if kind == "cuda":
         if deterministic:
@@ -62,7 +69,48 @@ def configure(device: str | torch.device, deterministic: bool = True) -> dict[st
         torch.backends.cudnn.deterministic = False
         torch.backends.cudnn.benchmark = False
         torch.set_float32_matmul_precision("highest")
-    return record(device, deterministic)
+    rec = record(device, deterministic)
+    rec["amp"], note = effective_amp(device, amp)
+    if note:
+        rec["amp_note"] = note
+    return rec
+
+
+# bfloat16 instructions in /proc/cpuinfo: x86 (AVX-512 BF16, AMX) and Arm (FEAT_BF16)
+_CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16() -> bool | None:
+    """Whether this CPU computes bfloat16 natively (from /proc/cpuinfo); None where it cannot tell."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return bool(_CPU_BF16_FLAGS & set(line.split(":", 1)[1].split()))
+    return None
+
+
+def effective_amp(device: str | torch.device, amp: str) -> tuple[str, str | None]:
+    """(the autocast a run uses, why it differs from `amp` or None): bf16 on a CPU without native
+    bfloat16 falls back to float32 ("off") unless DFBENCH_CPU_BF16=emulate."""
+    if amp != "bf16" or device_type(device) != "cpu" or cpu_bf16() is not False:
+        return amp, None
+    if os.environ.get("DFBENCH_CPU_BF16") == "emulate":
+        return amp, None
+    return "off", (f"train.amp=bf16 runs in float32 on this CPU ({device_name('cpu')}: no avx512_bf16, amx_bf16 "
+                   f"or bf16 instructions, so bfloat16 would be emulated, 7.7x slower than float32 where measured); "
+                   f"set DFBENCH_CPU_BF16=emulate to run the emulation anyway")
+
+
+def warn_amp_fallback(device: str | torch.device, amp: str) -> str:
+    """`effective_amp`'s autocast, warning (once per process and message) when it falls back."""
+    used, note = effective_amp(device, amp)
+    if note:
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
+    return used
 
 
 def _deterministic_algorithms(on: bool) -> None:

@@ -119,7 +119,7 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
                  lock: RunLock | None) -> Path:
     """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
     # the device's numerics before the device is touched (cuBLAS reads its workspace setting once)
-    started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic)
+    started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic, cfg.train.amp)
     if writer:
         starts = _numerics_starts(d, started)
     ctx = build_context(cfg, data=data)

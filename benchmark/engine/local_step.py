@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dfbench.benchmark.core import numerics
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from dfbench.methods.base import LocalStep
 
@@ -59,9 +60,10 @@ def draw_batch(images: torch.Tensor, indices: torch.Tensor, batch_size: int, gen
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:
     """bfloat16 autocast for the forward pass and loss when amp == "bf16"; a no-op otherwise.
 
-    bf16 keeps float32's exponent range, so no loss scaling is needed (unlike fp16).
+    bf16 keeps float32's exponent range, so no loss scaling is needed (unlike fp16). On a CPU
+    without native bfloat16 it falls back to float32 with a warning (numerics.effective_amp).
     """
-    if amp == "bf16":
+    if amp == "bf16" and numerics.warn_amp_fallback(device, amp) == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
