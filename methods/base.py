@@ -18,7 +18,9 @@ never a method's name. What a method cannot do is declared, not discovered mid-r
 calls for every RunConfig (`dfbench run`, the API, every cell of `dfbench grid --dry-run`)
 and the run's life cycle calls again with the real world size, before any data is loaded.
 What evaluation needs from a method are hooks too: `client_groups` (client -> group, e.g.
-an expert) and `sampler_label` (the name of the method's own sampler, if it has one).
+an expert), `sampler_label` (the name of the method's own sampler, if it has one) and
+`sample_variants` (other ways to sample the same trained model, e.g. pruning's inference
+rules, which evaluation scores beside the run's result on the same noises, never ranked).
 A method sees the run only through `ctx` (benchmark/engine/context.py: data, layout,
 clients, capacities, seeded generators, objectives, samplers, networks); it imports
 nothing from the engine at run time.
@@ -47,7 +49,7 @@ protocol instead of leaking into the round):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
@@ -59,6 +61,9 @@ if TYPE_CHECKING:
     from dfbench.benchmark.engine.context import RunContext
 
 FLOAT_BITS = 32
+
+#: How a method samples: (params [P], noise [N, C, H, W], ctx) -> images [N, C, H, W] in [-1, 1].
+SampleFn = Callable[[torch.Tensor, torch.Tensor, "RunContext"], torch.Tensor]
 
 
 @dataclass
@@ -123,6 +128,19 @@ class Upload:
     mask: torch.Tensor | None = None
     group: int = 0
     staleness: int = 0  # server versions applied since the client's start (0 in synchronous rounds)
+
+
+@dataclass(frozen=True)
+class SampleVariants:
+    """A method's ways to sample one trained model: the one `Method.sample` uses, and the others.
+
+    Evaluation samples each of `others` from the same fixed noises with the same sampler and
+    scores it like the result; its rows say `inference = <label>`, `configured = false`. The
+    run's result stays `sample`'s (rows `inference = label`, `configured = true`).
+    """
+
+    label: str  # the name of the rule `Method.sample` uses (lowercase letters, digits, '_')
+    others: Mapping[str, SampleFn] = field(default_factory=dict)  # label -> a sample function, like Method.sample
 
 
 class Mechanism:
@@ -219,6 +237,15 @@ class Method:
 
     def sampler_label(self, run: "RunConfig") -> str | None:
         """The name of this method's own sampler for metrics.json, or None for the run's sampler."""
+        return None
+
+    def sample_variants(self, run: "RunConfig") -> SampleVariants | None:
+        """The other ways to sample this run's model that evaluation scores beside `sample`'s result
+        (see `SampleVariants`); None (the default): the method samples one way, its rows are untagged.
+
+        The labels must follow from the config alone (`dfbench eval` has no state); the functions
+        are called after `finalize`, with the run's context, like `sample`.
+        """
         return None
 
     # -- server ------------------------------------------------------------------

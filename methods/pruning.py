@@ -48,6 +48,11 @@ training are unaffected):
 Every rule returns the model unchanged when every client trains the full model (keep 1.0), so
 keep 1.0 stays bitwise FedAvg.
 
+The configured rule is the run's result. Evaluation also scores the other rules on the same
+trained model, noises and sampler (`sample_variants`; rows tagged `inference`, off with
+`eval.inference_variants=false`); a rule that samples the same model as the configured one
+or an earlier one (e.g. every rule at keep 1.0) is not sampled again.
+
 FLOP fraction (ClientPlan.flop_fraction): the multiply-accumulates of every
 conv/linear layer for one sample, each scaled by the fraction of that layer's weights
 the client keeps (unstructured sparsity realised as sparse compute), over the dense
@@ -56,6 +61,7 @@ total. Norms, activations and the attention matmuls are not counted.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Literal
@@ -64,10 +70,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
+from dfbench.benchmark.core.parsing import parse_capacity
+
+from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, SampleVariants, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
+    from dfbench.benchmark.core.config import RunConfig
     from dfbench.benchmark.engine.context import RunContext
     from dfbench.benchmark.engine.model import Layout
 
@@ -283,9 +292,9 @@ class _SubModelPruning(Method):
         """The `submodel` rule's mask for the sampled parameters."""
         raise NotImplementedError
 
-    def inference_params(self, params: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
-        """The parameters the sampler uses under the configured inference rule."""
-        mode = self.config.inference
+    def inference_params(self, params: torch.Tensor, ctx: "RunContext", mode: Inference | None = None) -> torch.Tensor:
+        """The parameters the sampler uses under inference rule `mode` (None: the configured rule)."""
+        mode = self.config.inference if mode is None else mode
         if mode == "full":
             return params
         if mode == "scaled":
@@ -301,7 +310,37 @@ class _SubModelPruning(Method):
         return params if keep >= 1.0 else params * self.inference_mask(params, keep, ctx)
 
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
-        return ctx.sample_single(self.inference_params(params, ctx), noise, ctx.objective)
+        return self.sample_as(self.config.inference, params, noise, ctx)
+
+    def sample_as(self, mode: Inference, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+        """Samples of the model under inference rule `mode` (the submodel rule with the configured
+        inference_keep / inference_seed)."""
+        return ctx.sample_single(self.inference_params(params, ctx, mode), noise, ctx.objective)
+
+    def rule_model(self, mode: Inference, run: "RunConfig") -> str:
+        """Which model rule `mode` samples, as far as the config tells: "unchanged" (the global model
+        as it is) or the rule's own name. When no client trains a sub-model (every keep ratio 1.0),
+        full and scaled leave the model unchanged, and so does submodel unless 0 < inference_keep < 1."""
+        keep = float(self.config.inference_keep)
+        if mode == "full" or (mode == "submodel" and keep >= 1.0):
+            return "unchanged"
+        keeps = [k for k, _ in parse_capacity(run.system.capacity)] or [float(self.config.keep_ratio)]
+        if all(k >= 1.0 for k in keeps) and not (mode == "submodel" and keep > 0.0):
+            return "unchanged"
+        return mode
+
+    def sample_variants(self, run: "RunConfig") -> SampleVariants:
+        """The configured rule is the result; the other rules are its variants, one per distinct
+        model (`rule_model`), in INFERENCE_MODES order."""
+        mode = self.config.inference
+        seen = {self.rule_model(mode, run)}
+        others = {}
+        for other in INFERENCE_MODES:
+            model = self.rule_model(other, run)
+            if model not in seen:
+                seen.add(model)
+                others[other] = functools.partial(self.sample_as, other)
+        return SampleVariants(label=mode, others=others)
 
     def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
         if plan.step.mask is None:

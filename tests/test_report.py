@@ -257,3 +257,20 @@ def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
     differ = pd.DataFrame([row, {**row, "num_samples": 1000}])
     note = _metric_notes(differ, ["g"])[0]
     assert "MIXED" in note and "num_samples=1000 | 400" in note
+
+
+def test_later_fields_at_their_neutral_value_and_memory_knobs_do_not_split_a_setting(tmp_path):
+    """A run folder written before `train.lr_decay` / `train.time_sampling` / the eval batches existed
+    and one written after, at their neutral values, are seeds of ONE setting, not two."""
+    from dfbench.benchmark.report.frames import runs_frame
+    from dfbench.benchmark.report.run_folders import RunRecord
+
+    base = {"method": "fedavg", "method_params": {}, "dataset": "fmnist", "partition": "iid", "rounds": 2, "lr": 0.002}
+    old = RunRecord(path=tmp_path / "a", config={**base, "seed": 0}, metrics={}, rounds=[])
+    new = RunRecord(path=tmp_path / "b", config={**base, "seed": 1, "lr_decay": "none", "time_sampling": "uniform",
+                                                 "sample_batch": 64, "feature_batch": 128, "deterministic": True},
+                    metrics={}, rounds=[])
+    other = RunRecord(path=tmp_path / "c", config={**base, "seed": 2, "time_sampling": "logit_normal"}, metrics={}, rounds=[])
+    runs, _, _ = runs_frame([old, new, other])
+    keys = list(runs["group_key"])
+    assert keys[0] == keys[1] != keys[2]

@@ -32,6 +32,7 @@ Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
+TimeSampling = Literal["uniform", "logit_normal"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class TrainConfig:
     lr: float = 1e-3
     lr_decay: LrDecay = "none"  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
     objective: Objective = "ddpm"
+    # flow matching's training times: uniform on [0, 1), or logit_normal (t = sigmoid(n), n ~ N(0, 1):
+    # Esser et al. 2024, more weight on the middle of the path, where the velocity is hardest)
+    time_sampling: TimeSampling = "uniform"
     schedule: Schedule = "cosine"
     timesteps: int = 1000  # DDPM discretisation
     model: Preset = "auto"
@@ -91,6 +95,9 @@ class EvalConfig:
     # neighbours only in the last float bits); lower them when evaluation runs out of GPU memory
     sample_batch: int = 128  # = diffusion.SAMPLE_BATCH: images per sampling batch (diffusion.SAMPLE_BATCH, measured there)
     feature_batch: int = 256  # images per feature-extraction batch (Inception, classifier)
+    # also sample and score the method's other sampling rules (pruning's inference rules) beside the
+    # result, as rows tagged `inference`; false saves one sampling pass per rule (the result is the same)
+    inference_variants: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,12 +159,12 @@ class RunConfig:
 
 NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
                    "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch",
-                   "train.deterministic", "eval.sample_batch", "eval.feature_batch")
+                   "train.deterministic", "eval.sample_batch", "eval.feature_batch", "eval.inference_variants")
 
 
 # Fields added after run ids were first published, with the value that reproduces the runs made
 # before them: left out of the hash at that value, so every existing run id stays valid.
-LATER_FIELDS = {"train.lr_decay": "none"}
+LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform"}
 
 
 def round_lr(t: TrainConfig, round_: int) -> float:
@@ -232,6 +239,10 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
     _check(t.lr_decay in typing.get_args(LrDecay), "train.lr_decay", t.lr_decay, ", ".join(typing.get_args(LrDecay)))
     _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
+    _check(t.time_sampling in typing.get_args(TimeSampling), "train.time_sampling", t.time_sampling,
+           ", ".join(typing.get_args(TimeSampling)))
+    _check(t.time_sampling == "uniform" or t.objective == "fm", "train.time_sampling", t.time_sampling,
+           "uniform with train.objective=ddpm (its steps are drawn uniformly; logit_normal is for flow matching)")
     _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
     _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
     _check(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))

@@ -74,7 +74,9 @@ class RunContext:
     def get_objective(self, name: str | None) -> Any:
         name = name or self.cfg.train.objective
         if name not in self.objectives:
-            self.objectives[name] = diffusion.make_objective(name, self.cfg.train.schedule, self.cfg.train.timesteps)
+            t = self.cfg.train
+            self.objectives[name] = diffusion.make_objective(name, t.schedule, t.timesteps,
+                                                             t.time_sampling if name == "fm" else "uniform")
         return self.objectives[name]
 
     @property

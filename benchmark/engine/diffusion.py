@@ -116,12 +116,24 @@ class DDPM:
 
 
 class FlowMatching:
-    """Linear-path flow matching: x_t = (1 - t) x0 + t eps, target v = eps - x0."""
+    """Linear-path flow matching: x_t = (1 - t) x0 + t eps, target v = eps - x0.
+
+    time_sampling: "uniform" (t ~ U[0, 1)) or "logit_normal" (t = sigmoid(n), n ~ N(0, 1): Esser et
+    al. 2024, section 3.1, with m = 0, s = 1; the same regression, more samples of mid-path times).
+    """
+
+    def __init__(self, time_sampling: Literal["uniform", "logit_normal"] = "uniform") -> None:
+        if time_sampling not in ("uniform", "logit_normal"):
+            raise ValueError(f"unknown time_sampling {time_sampling!r}; allowed: uniform, logit_normal")
+        self.time_sampling = time_sampling
 
     def draw(self, shape: tuple[int, ...], gen: torch.Generator, device: torch.device | str,
              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """(t ~ U[0, 1) per image, eps ~ N(0, I)) for a batch of `shape`, time first."""
-        t = torch.rand((shape[0],), generator=gen, device=device)
+        """(t per image, eps ~ N(0, I)) for a batch of `shape`, time first (one generator, in that order)."""
+        if self.time_sampling == "logit_normal":
+            t = torch.sigmoid(torch.randn((shape[0],), generator=gen, device=device))
+        else:
+            t = torch.rand((shape[0],), generator=gen, device=device)
         eps = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         return t, eps
 
@@ -140,11 +152,11 @@ class FlowMatching:
         return sample_ode(lambda x, t: net(x, torch.full((x.shape[0],), t, device=x.device)), noise, steps, method)
 
 
-def make_objective(name: str, schedule: str = "cosine", T: int = 1000) -> DDPM | FlowMatching:
+def make_objective(name: str, schedule: str = "cosine", T: int = 1000, time_sampling: str = "uniform") -> DDPM | FlowMatching:
     if name == "ddpm":
         return DDPM(schedule, T)  # type: ignore[arg-type]
     if name == "fm":
-        return FlowMatching()
+        return FlowMatching(time_sampling)  # type: ignore[arg-type]
     raise ValueError(f"unknown objective {name!r}; allowed: ddpm, fm")
 
 

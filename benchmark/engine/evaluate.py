@@ -2,12 +2,21 @@
 
 The samples are saved (samples.npz, uint8), so `dfbench eval RUN_DIR` can score a run
 later — e.g. once the Inception weights have been placed — without re-sampling.
+
+A method with other ways to sample the same model (`Method.sample_variants`, e.g. pruning's
+inference rules) gets each of them sampled from the same fixed noises with the same sampler,
+saved as samples-<label>.npz and scored by the same `score`, its rows tagged
+`inference = <label>`, `configured = false`; the result's rows say `inference = <its label>`,
+`configured = true` and come first. Only the result feeds grid.png, drift and the wall times
+(the variants' time is `inference_variants_wall_seconds`). Off: eval.inference_variants=false.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,10 +55,44 @@ def save_grid(images: torch.Tensor, side: int, path: Path) -> None:
     runfolder.atomic_write_bytes(path, buf.getvalue())  # a kill never leaves half a PNG
 
 
-def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor) -> torch.Tensor:
-    """All evaluation samples from the fixed noises (shared by every method of a dataset)."""
+def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor,
+             sample: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """All evaluation samples from the fixed noises (shared by every method of a dataset), drawn by
+    `sample(params, noise, ctx)` (default: `method.sample`; else one of its `sample_variants`)."""
     noise = fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)
-    return to_uint8(method.sample(params, noise, ctx).cpu())
+    return to_uint8((method.sample if sample is None else sample)(params, noise, ctx).cpu())
+
+
+_LABEL = re.compile(r"[a-z0-9_]+")
+
+
+def sample_variants(cfg: RunConfig, method: methods.Method) -> tuple[str | None, dict[str, Callable[..., torch.Tensor]]]:
+    """(the label of the result's sampling rule or None, label -> sample function of each other rule to
+    score): the method's `sample_variants`; no other rule with eval.inference_variants=false or when
+    nothing is scored (eval.metrics=none)."""
+    variants = method.sample_variants(cfg)
+    if variants is None:
+        return None, {}
+    for label in (variants.label, *variants.others):
+        if not _LABEL.fullmatch(label):
+            raise ValueError(f"method {cfg.method!r}: sampling rule label {label!r} is not lowercase letters, digits and '_'")
+    if not cfg.eval.inference_variants or cfg.eval.metrics == "none":
+        return variants.label, {}
+    return variants.label, dict(variants.others)
+
+
+def variant_samples_name(label: str) -> str:
+    """The file of a sampling variant's samples: samples-<label>.npz beside samples.npz."""
+    stem, dot, ext = runfolder.SAMPLES.rpartition(".")
+    return f"{stem}-{label}{dot}{ext}"
+
+
+def tag_rows(rows: list[dict[str, Any]], label: str | None, configured: bool) -> list[dict[str, Any]]:
+    """Say which sampling rule the rows score (nothing for a method that samples one way)."""
+    if label is not None:
+        for row in rows:
+            row.update(inference=label, configured=configured)
+    return rows
 
 
 def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False,
@@ -113,11 +156,11 @@ def sampler_of(cfg: RunConfig, method: methods.Method) -> str:
     return default_sampler(cfg.train.objective) if cfg.eval.sampler == "auto" else cfg.eval.sampler
 
 
-def write_samples(d: Path, samples: torch.Tensor) -> None:
-    """samples.npz (uint8), written atomically: `dfbench eval` never reads half a file."""
+def write_samples(d: Path, samples: torch.Tensor, name: str = runfolder.SAMPLES) -> None:
+    """samples.npz (uint8; or a variant's `name`), written atomically: `dfbench eval` never reads half a file."""
     buf = io.BytesIO()
     np.savez_compressed(buf, images=samples.numpy())
-    runfolder.atomic_write_bytes(d / runfolder.SAMPLES, buf.getvalue())
+    runfolder.atomic_write_bytes(d / name, buf.getvalue())
 
 
 def _metrics(cfg: RunConfig) -> Any:
@@ -132,7 +175,18 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     samples = generate(cfg, ctx, method, params)
     write_samples(d, samples)
     save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
-    rows, pending, notes = score(d, cfg, samples, sampler_of(cfg, method), progress, clients=lambda: _clients(cfg, ctx, method))
+    sampler = sampler_of(cfg, method)
+    rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
+    eval_seconds = time.perf_counter() - t0
+    label, others = sample_variants(cfg, method)
+    tag_rows(rows, label, True)
+    for other, sample in others.items():  # the same noises and sampler, scored alike; never the result
+        images = generate(cfg, ctx, method, params, sample)
+        write_samples(d, images, variant_samples_name(other))
+        if not pending:  # else scored by `dfbench eval` with the result (same metrics, same weights)
+            # its notes are the result's (the same metrics, left out for the same reasons)
+            rows += tag_rows(score(d, cfg, images, sampler, progress, clients=lambda: _clients(cfg, ctx, method))[0], other, False)
+    variant_seconds = time.perf_counter() - t0 - eval_seconds
     rounds = runfolder.read_rounds(d)
     metrics = {
         "evaluations": rows,
@@ -143,13 +197,15 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "gamma_star": totals["gamma_star"],
         "w2_mean": float(np.mean([r["w2"] for r in rounds])) if rounds else None,
         "train_wall_seconds": round(float(totals["wall_seconds"]), 3),
-        "eval_wall_seconds": round(time.perf_counter() - t0, 3),
-        "wall_seconds": round(float(totals["wall_seconds"]) + time.perf_counter() - t0, 3),
+        "eval_wall_seconds": round(eval_seconds, 3),
+        "wall_seconds": round(float(totals["wall_seconds"]) + eval_seconds, 3),
         "num_parameters": int(ctx.layout.total),
         "used_ema": ema is not None,
         "environment": runfolder.environment(cfg.device),
         **extra,
     }
+    if others:  # sampling and scoring the other rules: not in the run's wall time, which is the result's
+        metrics["inference_variants_wall_seconds"] = round(variant_seconds, 3)
     if pending:
         metrics["evaluation_pending"] = pending
     if notes:  # metrics that could not be computed: absent from the rows, said here
@@ -251,9 +307,20 @@ def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
     samples = _saved_samples(d, cfg)
     metrics = runfolder.read_json(d / runfolder.METRICS) if (d / runfolder.METRICS).exists() else {}
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
-    rows, pending, notes = score(d, cfg, samples, sampler_of(cfg, method), clients=lambda: _clients(cfg, run=d))
+    sampler = sampler_of(cfg, method)
+    clients = functools.cache(lambda: _clients(cfg, run=d))  # the partition is rebuilt once, not per rule
+    rows, pending, notes = score(d, cfg, samples, sampler, clients=clients)
     if pending:
         raise RuntimeError(pending)
+    label, others = sample_variants(cfg, method)
+    tag_rows(rows, label, True)
+    for other in others:
+        # the samples the run's evaluation saved for this rule; a rule without them (a run evaluated
+        # before variants were saved, or with eval.inference_variants=false) is left out, not sampled
+        path = d / variant_samples_name(other)
+        if path.exists():
+            images = _read_samples(path, d, regenerable=False)
+            rows += tag_rows(score(d, cfg, images, sampler, clients=clients)[0], other, False)
     metrics["evaluations"] = rows
     metrics.pop("evaluation_pending", None)
     metrics.pop("evaluation_notes", None)
@@ -268,9 +335,6 @@ def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
 def _saved_samples(d: Path, cfg: RunConfig) -> torch.Tensor:
     """The images of samples.npz; a finished run whose samples.npz was deleted gets it regenerated from
     its final checkpoint (the same images). A damaged file is named, never unpickled."""
-    import zipfile
-    import zlib
-
     path = d / runfolder.SAMPLES
     status = runfolder.read_status(d) or {}
     if not path.exists():
@@ -278,6 +342,14 @@ def _saved_samples(d: Path, cfg: RunConfig) -> torch.Tensor:
             raise FileNotFoundError(f"{d} has no {runfolder.SAMPLES}: the run has not finished; rerun `dfbench run` "
                                     f"with the same config to resume it (it evaluates the run when training ends)")
         return regenerate_samples(d, cfg)
+    return _read_samples(path, d)
+
+
+def _read_samples(path: Path, d: Path, regenerable: bool = True) -> torch.Tensor:
+    """The uint8 [N, C, H, W] images of a samples file; a damaged one is named, never unpickled."""
+    import zipfile
+    import zlib
+
     problem = None
     try:
         with open(path, "rb") as f:
@@ -295,6 +367,9 @@ def _saved_samples(d: Path, cfg: RunConfig) -> torch.Tensor:
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         said = str(err).splitlines()[0] if str(err).strip() else ""
         problem = f"unreadable ({type(err).__name__}{': ' + said if said and 'pickle' not in said else ''})"
+    if problem is not None and not regenerable:
+        raise ValueError(f"{path} is corrupt: {problem}. It holds the samples of one of the run's other sampling "
+                         f"rules: delete it and run `dfbench eval {d}` again (that rule is then left out)")
     if problem is not None:
         raise ValueError(f"{path} is corrupt: {problem}. It holds the run's evaluation samples, which can be made "
                          f"again from the run's final checkpoint: delete it and run `dfbench eval {d}` again "

@@ -12,7 +12,7 @@ pandas frames for notebooks and tests. The work is split by concern:
 - ``frames``        per-run frames, seed aggregation, ranks (``collect``); which metric ranks and
                     which direction is better come from ``benchmark/metrics/table.py``
 - ``formatting``    cell formatting and block views shared by the writers
-- ``tables``        leaderboard.md / .csv / .html
+- ``tables``        leaderboard.md / .csv / .html, inference_rules.csv
 - ``mosaic``        sample-grid mosaics; ``plots`` the seaborn plots
 """
 
@@ -25,12 +25,12 @@ from dfbench.benchmark.report.mosaic import make_mosaic
 from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, primary_metric, runs_frame
 from dfbench.benchmark.report.formatting import block_title, blocks, safe_name
 from dfbench.benchmark.report.run_folders import RunFailure, RunRecord, find_run_dirs, format_params, load_runs, normalize_config, parse_alpha, read_run
-from dfbench.benchmark.report.tables import write_csv, write_html, write_markdown
+from dfbench.benchmark.report.tables import write_csv, write_html, write_inference_csv, write_markdown
 
 __all__ = [
     "PRIMARY_METRICS", "ReportData", "RunFailure", "RunRecord", "aggregate", "build_report", "collect",
     "find_run_dirs", "format_params", "load_runs", "make_mosaic", "normalize_config", "parse_alpha",
-    "primary_metric", "read_run", "runs_frame", "write_csv", "write_html", "write_markdown",
+    "primary_metric", "read_run", "runs_frame", "write_csv", "write_html", "write_inference_csv", "write_markdown",
 ]
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,9 @@ def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
     """Read every run under ``runs_dir`` and write the leaderboard, plots and mosaics to ``out_dir``.
 
     Returns the written files by name: ``leaderboard_md``, ``leaderboard_csv``,
-    ``leaderboard_html``, ``plot_<name>``, ``mosaic_<dataset>_<partition>``, and
+    ``leaderboard_html``, ``plot_<name>``, ``mosaic_<dataset>_<partition>``,
+    ``inference_rules_csv`` when any run's evaluation names its sampling rules (pruning's
+    inference rules: the result's and the others, which the leaderboard never ranks), and
     ``skipped`` (a text file listing every plot or mosaic that was skipped and why)
     when anything was skipped.
     """
@@ -71,6 +73,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
         "leaderboard_csv": write_csv(data.table, data.metrics, out / "leaderboard.csv"),
         "leaderboard_html": write_html(data, out, root, images, notes),
     }
+    if not data.inference.empty:  # only then: a report over runs without rule rows is what it always was
+        written["inference_rules_csv"] = write_inference_csv(data.inference, out / "inference_rules.csv")
     written.update(images)
     if notes:
         skipped = out / "skipped.txt"

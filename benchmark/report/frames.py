@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.core.config import LATER_FIELDS
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
@@ -40,8 +41,15 @@ PRIMARY_METRICS: tuple[str, ...] = metric_table.PRIMARY
 # that differ only in these are seeds of one setting.
 NOT_GROUPED: frozenset[str] = frozenset(
     {"seed", "run_id", "version", "device", "root", "checkpoint_every", "out_dir", "output_dir", "runs_dir",
-     "data_dir", "resume", "notes"}
+     "data_dir", "resume", "notes",
+     "inference_variants",  # eval.inference_variants: whether the other sampling rules were scored too (not the result)
+     "sample_batch", "feature_batch",  # evaluation's memory knobs (eval.*)
+     "deterministic"}  # CUDA numerics (train.deterministic): beside `device`, which is not grouped either
 )
+# Config fields added after runs were published, at the value that reproduces the runs made before
+# them (config.LATER_FIELDS): a run folder without the key and one with it at that value are the
+# same setting, so the group key leaves it out.
+LATER_NEUTRAL: dict[str, Any] = {key.rpartition(".")[2]: value for key, value in LATER_FIELDS.items()}
 # Keys that say *what* is compared inside a block rather than under which budget.
 METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "method_params"})
 
@@ -66,8 +74,17 @@ def _metric_keys(evaluations: Iterable[Any], warnings: list[str]) -> list[tuple[
     return keyed
 
 
+def is_variant(entry: Any) -> bool:
+    """An evaluation row of one of the run's other sampling rules (metrics.json ``configured: false``,
+    benchmark/engine/evaluate.py), not its result: never ranked, averaged or shown in the leaderboard."""
+    return isinstance(entry, dict) and entry.get("configured") is False
+
+
 def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Long tables from parsed runs: (one row per run, one row per evaluation, one row per round)."""
+    """Long tables from parsed runs: (one row per run, one row per evaluation, one row per round).
+
+    The evaluations are the run's result only: rows of its other sampling rules are in
+    `inference_frame`."""
     run_rows: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
@@ -76,7 +93,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         params = cfg.get("method_params") or {}
         if not isinstance(params, dict):
             params = {"value": params}
-        grouped = {k: v for k, v in cfg.items() if k not in NOT_GROUPED}
+        grouped = {k: v for k, v in cfg.items()
+                   if k not in NOT_GROUPED and not (k in LATER_NEUTRAL and v == LATER_NEUTRAL[k])}
         budget = {k: v for k, v in grouped.items() if k not in METHOD_KEYS}
         config_rounds = to_float(cfg.get("rounds", rec.metrics.get("rounds")))
         baseline = config_rounds == 0
@@ -128,7 +146,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         for key, value in flatten_config({k: v for k, v in cfg.items() if k not in METHOD_KEYS | NOT_GROUPED}).items():
             row[f"cfg.{key}"] = value
         run_rows.append(row)
-        for key, entry in _metric_keys(metrics.get("evaluations", []), rec.warnings):
+        result = [e for e in metrics.get("evaluations", []) if not is_variant(e)]
+        for key, entry in _metric_keys(result, rec.warnings):
             eval_rows.append(
                 {
                     "run_id": rec.run_id,
@@ -178,6 +197,39 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             runs[f"{metric}__hi"] = runs["run_id"].map(sub["ci_high"]).astype(float)
             runs[f"{metric}__ci"] = runs["run_id"].map(sub["ci_method"])
     return runs, evals, rounds
+
+
+INFERENCE_COLUMNS = ["dataset", "partition", "method", "params", "setting", "seed", "run_id", "inference", "configured",
+                     "metric", "value", "std_err", "ci_low", "ci_high", "seed_mean", "seed_std", "seed_n", "group_key"]
+
+
+def inference_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run x sampling rule x metric, for the runs whose evaluation rows name their rule
+    (``inference``: pruning's inference rules): the result's rule (``configured`` true) and the others
+    alike, with the mean, std (ddof=1) and count over the seeds of the setting under that rule
+    (``seed_*``), so a study compares the rules on the same trained models. In run-folder order, the
+    result's rule first. Empty for runs that sample one way or were evaluated before rules were tagged.
+    `runs` is `runs_frame`'s run table of the same records (one row per record, in order)."""
+    rows: list[dict[str, Any]] = []
+    for i, rec in enumerate(records):
+        tagged = [e for e in rec.metrics.get("evaluations", []) if isinstance(e, dict) and "inference" in e]
+        run = runs.iloc[i]
+        for rule, configured in dict.fromkeys((str(e["inference"]), not is_variant(e)) for e in tagged):
+            same = [e for e in tagged if (str(e["inference"]), not is_variant(e)) == (rule, configured)]
+            for key, entry in _metric_keys(same, []):  # (a bad row is warned about once, by runs_frame)
+                rows.append({
+                    **{k: run[k] for k in ("dataset", "partition", "method", "params", "setting", "seed", "group_key")},
+                    "run_id": rec.run_id, "inference": rule, "configured": configured, "metric": key,
+                    **{k: to_float(entry.get(k)) for k in ("value", "std_err", "ci_low", "ci_high")},
+                })
+    frame = pd.DataFrame(rows, columns=[c for c in INFERENCE_COLUMNS if not c.startswith("seed_")])
+    if frame.empty:
+        return pd.DataFrame(columns=INFERENCE_COLUMNS)
+    seeds = frame.groupby(["group_key", "inference", "metric"], sort=False)["value"]
+    frame["seed_mean"] = seeds.transform("mean")
+    frame["seed_std"] = seeds.transform(lambda v: v.std(ddof=1))  # NaN for one seed
+    frame["seed_n"] = seeds.transform("count").astype(int)
+    return frame[INFERENCE_COLUMNS]
 
 
 def ordered_metrics(names: Iterable[str]) -> list[str]:
@@ -341,6 +393,8 @@ class ReportData:
     failures: list[RunFailure]
     warnings: list[str]
     hardware: list[str] = field(default_factory=list)  # distinct metrics.json environment.hardware
+    # per run x sampling rule x metric, the result's rule and the others (`inference_frame`); never ranked
+    inference: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INFERENCE_COLUMNS))
 
 
 def collect(runs_dir: str | Path) -> ReportData:
@@ -353,4 +407,4 @@ def collect(runs_dir: str | Path) -> ReportData:
     hardware = sorted({str(rec.metrics["environment"].get("hardware")) for rec in records
                        if isinstance(rec.metrics.get("environment"), dict)})
     return ReportData(runs=runs, evaluations=evals, rounds=rounds, table=table, metrics=metrics,
-                      failures=failures, warnings=warnings, hardware=hardware)
+                      failures=failures, warnings=warnings, hardware=hardware, inference=inference_frame(records, runs))

@@ -62,6 +62,13 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     return path
 
 
+def write_inference_csv(frame: pd.DataFrame, path: Path) -> Path:
+    """inference_rules.csv: one row per run x sampling rule x metric (`frames.inference_frame`), the
+    result's rule (configured=True) and the other rules scored on the same model; never ranked."""
+    frame.drop(columns=["group_key"]).to_csv(path, index=False)
+    return path
+
+
 def _md_image(label: str, target: Path, out_dir: Path) -> str:
     return f"![{label}]({target.relative_to(out_dir).as_posix()})"
 
