@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-cpu-aggregation bench-cpu-aggregation-tune bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -64,6 +64,12 @@ bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MN
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/tune-runs --out results/cpu-aggregation/tune && exit $$status
+
+bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under candidate recipes (seeds 7/8, ~35 min on 2 cores), results in results/cpu-recipe/
+	$(BIN)/python scripts/cpu_recipe.py speed
+	$(BIN)/python scripts/cpu_recipe.py grid
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-recipe/cpu-recipe.toml --download --workers $(CPU_WORKERS) --out results/cpu-recipe/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/python scripts/cpu_recipe.py table && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
