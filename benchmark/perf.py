@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from dfbench import datasets
 from dfbench import methods
 
 from dfbench.benchmark.core.config import RunConfig, apply_overrides
+from dfbench.benchmark.core.numerics import device_name
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.diffusion import make_objective
 from dfbench.benchmark.engine.training import train_round
@@ -106,15 +106,8 @@ class PerfReport:
 
 def machine_info(device: torch.device) -> dict[str, str]:
     """CPU model, cores, torch version, device name, date: what the numbers came from."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    cpu = device_name("cpu")
+    name = device_name(device) if device.type == "cuda" else "cpu"
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu, "cores": str(os.cpu_count()), "torch_threads": str(torch.get_num_threads()),

@@ -63,8 +63,6 @@ SPEED_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _speed(cand: dict[str, Any], steps: int, amp: str = "off", compile_: bool = False) -> dict[str, float]:
-    import torch
-
     from dfbench.benchmark.core.config import RunConfig, apply_overrides
     from dfbench.benchmark.perf import PlainTrainer, synthetic_images
 
@@ -77,7 +75,6 @@ def _speed(cand: dict[str, Any], steps: int, amp: str = "off", compile_: bool = 
     best = math.inf
     for _ in range(2):
         best = min(best, trainer.time(steps))
-    del torch
     return {"images_per_s": steps * cfg.train.batch_size / best, "warmup_s": first}
 
 

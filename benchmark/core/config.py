@@ -190,8 +190,8 @@ def numerics_key(cfg: RunConfig) -> str | None:
     return kind if cfg.train.deterministic else f"{kind}-fast"
 
 
-def device_type(device: str) -> str:
-    """"cuda:3" -> "cuda", "cpu" -> "cpu"."""
+def device_type(device: Any) -> str:
+    """"cuda:3" -> "cuda", "cpu" -> "cpu" (a str or a torch.device; the one definition, numerics uses it)."""
     return str(device).split(":", 1)[0]
 
 

@@ -40,14 +40,12 @@ from typing import Any
 
 import torch
 
+from dfbench.benchmark.core.config import device_type  # "cuda:3" / torch.device("cuda:3") -> "cuda"
+
 # cuBLAS: a fixed workspace of 8 buffers of 4096 KiB makes its reductions deterministic
 # (NVIDIA's documented setting; ":16:8" uses less memory and is slower).
 CUBLAS_WORKSPACE = ":4096:8"
 _VALID_WORKSPACES = (":4096:8", ":16:8")
-
-
-def device_type(device: str | torch.device) -> str:
-    return torch.device(device).type
 
 
 def configure(device: str | torch.device, deterministic: bool = True, amp: str = "off") -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.core.numerics import device_name
 
 # -- file names (the format; change nothing here without a migration) -----------------------
 CONFIG = "config.json"
@@ -210,17 +211,10 @@ def environment(device: str = "cpu") -> dict[str, Any]:
 
     import numpy
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = device_name("cpu")
     dev = device
     if device.startswith("cuda") and torch.cuda.is_available():
-        dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+        dev = f"{device} ({device_name(device)})"
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
                                 capture_output=True, text=True, timeout=5).stdout.strip() or None
