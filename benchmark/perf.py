@@ -42,7 +42,7 @@ from torch import nn
 from dfbench import datasets
 from dfbench import methods
 
-from dfbench.benchmark.core.config import RunConfig, apply_overrides
+from dfbench.benchmark.core.config import RunConfig, apply_overrides, time_sampling_for
 from dfbench.benchmark.core.numerics import device_name
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.diffusion import make_objective
@@ -178,7 +178,8 @@ class PlainTrainer:
         if compile:
             self.model.compile()
         self.opt = make_optimizer(list(self.model.parameters()), cfg.train.lr)
-        self.obj = make_objective(cfg.train.objective, cfg.train.schedule, cfg.train.timesteps, cfg.train.time_sampling)
+        self.obj = make_objective(cfg.train.objective, cfg.train.schedule, cfg.train.timesteps,
+                                  time_sampling_for(cfg.train, cfg.train.objective))
         self.gen = torch_gen(cfg.seed, "perf-plain", device=self.device)
         self.batch, self.clip, self.amp, self.channels_last = cfg.train.batch_size, cfg.train.grad_clip, amp, channels_last
 

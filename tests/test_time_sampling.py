@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dfbench.benchmark.core.config import ConfigError, apply_overrides
+from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides, config_hash, time_sampling_for
 from dfbench.benchmark.engine.diffusion import FlowMatching
 from helpers import tiny_config
 
@@ -27,13 +27,45 @@ def test_logit_normal_puts_more_mass_mid_path_than_uniform():
     assert 0.0 < float(t.min()) and float(t.max()) < 1.0
 
 
-def test_uniform_stays_the_default_and_keeps_run_ids():
-    cfg = tiny_config(over={"train.objective": "fm"})
-    same = apply_overrides(cfg, {"train.time_sampling": "uniform"})
-    other = apply_overrides(cfg, {"train.time_sampling": "logit_normal"})
-    assert cfg.train.time_sampling == "uniform" and same.run_id() == cfg.run_id() != other.run_id()
+def test_auto_is_the_default_and_is_logit_normal_for_flow_matching_only():
+    fm = tiny_config(over={"train.objective": "fm"})
+    ddpm = tiny_config(over={"train.objective": "ddpm"})
+    assert fm.train.time_sampling == ddpm.train.time_sampling == "auto"
+    assert time_sampling_for(fm.train, "fm") == "logit_normal" and time_sampling_for(fm.train, "ddpm") == "uniform"
+    # DDPM draws its steps uniformly; so do the fm experts of a ddpm run under auto (they did before auto)
+    assert time_sampling_for(ddpm.train, "ddpm") == time_sampling_for(ddpm.train, "fm") == "uniform"
+    pinned = apply_overrides(fm, {"train.time_sampling": "uniform"})
+    assert time_sampling_for(pinned.train, "fm") == "uniform"
+    # the id names what trains: auto is the same run as the value it resolves to
+    assert fm.run_id() == apply_overrides(fm, {"train.time_sampling": "logit_normal"}).run_id() != pinned.run_id()
+    assert ddpm.run_id() == apply_overrides(ddpm, {"train.time_sampling": "uniform"}).run_id()
     assert torch.equal(FlowMatching().draw((4, 1), torch.Generator().manual_seed(1), "cpu")[0],
                        torch.rand((4,), generator=torch.Generator().manual_seed(1)))
+
+
+def test_a_stored_config_from_before_the_field_keeps_its_uniform_times_and_its_run_id():
+    pinned = tiny_config(over={"train.objective": "fm", "train.time_sampling": "uniform"})
+    stored = pinned.to_dict()
+    del stored["train"]["time_sampling"]  # a config.json written before the field existed
+    old = RunConfig.from_dict(stored)
+    assert old.train.time_sampling == "uniform" and old.run_id() == pinned.run_id()
+    # uniform is left out of the hash, so that id is the one published before the field
+    assert config_hash(pinned) == _hash_without(stored)
+
+
+def _hash_without(d: dict) -> str:
+    import hashlib
+    import json
+
+    from dfbench.benchmark.core.config import NON_RESULT_KEYS
+
+    d = json.loads(json.dumps(d, default=str))
+    for key in NON_RESULT_KEYS:
+        head, _, rest = key.partition(".")
+        (d[head] if rest else d).pop(rest or head, None)
+    if d["train"].get("lr_decay") == "none":
+        d["train"].pop("lr_decay")
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 def test_logit_normal_is_refused_for_ddpm_and_unknown_names():
@@ -48,6 +80,8 @@ def test_a_run_trains_with_logit_normal_times(tiny_data, tmp_path):
 
     from helpers import final_params
 
-    a = run(tiny_config(over={"train.objective": "fm", "train.time_sampling": "logit_normal"}), tmp_path, progress=False, data=tiny_data)
-    b = run(tiny_config(over={"train.objective": "fm"}), tmp_path, progress=False, data=tiny_data)
+    a = run(tiny_config(over={"train.objective": "fm", "train.time_sampling": "logit_normal"}), tmp_path / "a", progress=False, data=tiny_data)
+    b = run(tiny_config(over={"train.objective": "fm", "train.time_sampling": "uniform"}), tmp_path / "a", progress=False, data=tiny_data)
     assert a != b and torch.isfinite(final_params(a)).all() and not torch.equal(final_params(a), final_params(b))
+    auto = run(tiny_config(over={"train.objective": "fm"}), tmp_path / "auto", progress=False, data=tiny_data)  # the default
+    assert auto.name == a.name and torch.equal(final_params(auto), final_params(a))

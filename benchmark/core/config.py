@@ -32,7 +32,7 @@ Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
-TimeSampling = Literal["uniform", "logit_normal"]
+TimeSampling = Literal["auto", "uniform", "logit_normal"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,9 @@ class TrainConfig:
     lr_decay: LrDecay = "none"  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
     objective: Objective = "ddpm"
     # flow matching's training times: uniform on [0, 1), or logit_normal (t = sigmoid(n), n ~ N(0, 1):
-    # Esser et al. 2024, more weight on the middle of the path, where the velocity is hardest)
-    time_sampling: TimeSampling = "uniform"
+    # Esser et al. 2024, more weight on the middle of the path, where the velocity is hardest);
+    # auto = logit_normal when objective is fm (measured: results/cpu-recipe), else uniform
+    time_sampling: TimeSampling = "auto"
     schedule: Schedule = "cosine"
     timesteps: int = 1000  # DDPM discretisation
     model: Preset = "auto"
@@ -142,6 +143,9 @@ class RunConfig:
         for k, v in d.items():
             if k in sections:
                 sec = sections[k]
+                # a stored config from before a field existed ran with the field's neutral value
+                v = {**{key.partition(".")[2]: neutral for key, neutral in LATER_FIELDS.items()
+                        if key.partition(".")[0] == k}, **v}
                 names = {f.name for f in fields(sec)}
                 bad = set(v) - names
                 if bad:
@@ -165,6 +169,18 @@ NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
 # Fields added after run ids were first published, with the value that reproduces the runs made
 # before them: left out of the hash at that value, so every existing run id stays valid.
 LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform"}
+
+
+def time_sampling_for(t: TrainConfig, objective: str) -> str:
+    """The training times an objective of the run draws: `t.time_sampling`, with auto resolved to
+    logit_normal when the run's objective (`t.objective`) is flow matching, else uniform; an
+    objective other than fm (DDPM draws its steps uniformly) always draws uniform ones, and so do
+    the fm experts of a mixture whose train.objective is ddpm under auto."""
+    if objective != "fm":
+        return "uniform"
+    if t.time_sampling == "auto":
+        return "logit_normal" if t.objective == "fm" else "uniform"
+    return t.time_sampling
 
 
 def round_lr(t: TrainConfig, round_: int) -> float:
@@ -202,6 +218,8 @@ def config_hash(cfg: RunConfig) -> str:
         (d[head] if rest else d).pop(rest or head, None)
     if (numerics := numerics_key(cfg)) is not None:
         d["numerics"] = numerics
+    if cfg.train.time_sampling == "auto":  # the id names what trains: auto and its resolution are one run
+        d["train"]["time_sampling"] = time_sampling_for(cfg.train, cfg.train.objective)
     for key, neutral in LATER_FIELDS.items():
         head, _, rest = key.partition(".")
         if d[head].get(rest) == neutral:
@@ -241,7 +259,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
     _check(t.time_sampling in typing.get_args(TimeSampling), "train.time_sampling", t.time_sampling,
            ", ".join(typing.get_args(TimeSampling)))
-    _check(t.time_sampling == "uniform" or t.objective == "fm", "train.time_sampling", t.time_sampling,
+    _check(t.time_sampling in ("auto", "uniform") or t.objective == "fm", "train.time_sampling", t.time_sampling,
            "uniform with train.objective=ddpm (its steps are drawn uniformly; logit_normal is for flow matching)")
     _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
     _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")

@@ -19,7 +19,7 @@ from dfbench import datasets
 
 from dfbench.benchmark.engine import diffusion
 from dfbench.benchmark.engine import distributed
-from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr
+from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr, time_sampling_for
 from dfbench.benchmark.engine.model import PRESETS, Layout, UNet, UNetSpec, build_model, flatten_, resolve_preset
 from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
 
@@ -75,8 +75,7 @@ class RunContext:
         name = name or self.cfg.train.objective
         if name not in self.objectives:
             t = self.cfg.train
-            self.objectives[name] = diffusion.make_objective(name, t.schedule, t.timesteps,
-                                                             t.time_sampling if name == "fm" else "uniform")
+            self.objectives[name] = diffusion.make_objective(name, t.schedule, t.timesteps, time_sampling_for(t, name))
         return self.objectives[name]
 
     @property
