@@ -18,7 +18,9 @@ T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of free
 
 
 def _run(root: Path, method: str, params: dict, seed: int, score: float, value: int, rounds: int = 2,
-         w2: float = 0.0, gamma: int = 4) -> Path:
+         w2: float = 0.0, gamma: int = 4, rules: dict[str, float] | None = None) -> Path:
+    """A finished run folder; `rules` (rule -> score) tags the score as the configured rule's (the
+    first) and adds the others as variant rows, as eval.inference_variants writes them."""
     cfg = tiny_config(method, params, {"seed": seed, "train.rounds": rounds})
     d = root / "fmnist" / "iid" / method / cfg.run_id()
     d.mkdir(parents=True)
@@ -27,7 +29,11 @@ def _run(root: Path, method: str, params: dict, seed: int, score: float, value: 
     rows = [{"round": r + 1, "clients": [0, 1, 2, 3], "loss": 0.1, "w2": w2, "gamma": gamma, "gamma_star": gamma, "uplink_bits": 8}
             for r in range(rounds)]
     (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    metrics = {"evaluations": [{"metric": "fd_fmnist", "value": score, "extractor": "fmnist", "num_samples": 40}],
+    evals = [{"metric": "fd_fmnist", "value": score, "extractor": "fmnist", "num_samples": 40}]
+    if rules:
+        first = next(iter(rules))
+        evals = [{**evals[0], "value": v, "inference": rule, "configured": rule == first} for rule, v in rules.items()]
+    metrics = {"evaluations": evals,
                "rounds": rounds, "gamma_star": gamma if rounds else None, "w2_mean": w2, "uplink_bits": 8 * rounds,
                "downlink_bits": 8 * rounds, "wall_seconds": 1.0}
     (d / "metrics.json").write_text(json.dumps(metrics))
@@ -90,6 +96,55 @@ def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_pa
     for key in ("metric_vs_keep", "drift_vs_keep", "metric_vs_bound", "samples"):
         with Image.open(paths[key]) as img:
             assert img.size[0] > 300 and img.size[1] > 200
+
+
+@pytest.fixture()
+def rules_root(tmp_path: Path) -> Path:
+    """Pruning runs at keep 0.75 and 0.5 on seeds 7 and 8, each scored under three rules."""
+    root = tmp_path / "rule-runs"
+    scores = {  # (method, keep) -> rule -> (seed 7, seed 8)
+        ("random_prune", 0.75): {"scaled": (200, 210), "full": (300, 320), "submodel": (250, 250)},
+        ("random_prune", 0.5): {"scaled": (400, 420), "full": (390, 380), "submodel": (500, 520)},
+        ("topk_prune", 0.75): {"full": (180, 190), "scaled": (600, 640), "submodel": (185, 185)},
+        ("topk_prune", 0.5): {"full": (300, 320), "scaled": (700, 720), "submodel": (250, 260)},
+    }
+    for (method, keep), by_rule in scores.items():
+        for i, seed in enumerate((7, 8)):
+            rules = {rule: float(v[i]) for rule, v in by_rule.items()}
+            _run(root, method, {"keep_ratio": keep}, seed, next(iter(rules.values())), value=0, rules=rules)
+    return root
+
+
+def test_rules_are_summarized_per_keep_and_chosen_by_their_mean_over_keeps(rules_root, tmp_path):
+    rules = paper_figures.rule_runs(rules_root)
+    assert len(rules) == 4 * 2 * 3 and rules["configured"].sum() == 8
+    summary = paper_figures.rule_summary(rules)
+    row = summary[(summary["family"] == "top-k") & (summary["keep"] == 0.5) & (summary["rule"] == "submodel")].iloc[0]
+    half = 12.706204736174707 * np.std([250.0, 260.0], ddof=1) / math.sqrt(2)
+    assert row["n"] == 2 and row["metric_mean"] == pytest.approx(255.0)
+    assert row["metric_high"] - row["metric_mean"] == pytest.approx(half, rel=1e-6)  # t(0.975, 1 df) = 12.706
+    choice = paper_figures.choose_rules(summary)
+    chosen = choice[choice["chosen"]].set_index("family")["rule"].to_dict()
+    # random: scaled (205 + 410) / 2 = 307.5 < full 347.5 < submodel 380; top-k: submodel 220 < full 247.5
+    assert chosen == {"random": "scaled", "top-k": "submodel"}
+    means = choice.set_index(["family", "rule"])["mean_over_keeps"]
+    assert means[("random", "scaled")] == pytest.approx(307.5) and means[("top-k", "full")] == pytest.approx(247.5)
+    best_at = choice.set_index(["family", "rule"])["best_at"]
+    assert best_at[("random", "full")] == "0.5" and best_at[("top-k", "full")] == "0.75"
+
+    paths = paper_figures.choose(rules_root, tmp_path / "out")
+    text = paths["choice"].read_text()
+    assert "seed(s) 7, 8" in text and "| top-k | `submodel` | 220.0 | 2 | 0.5 | **yes** |" in text
+    md = paths["rules"].read_text()
+    assert "| top-k | 0.5 | 2 | 310.0 [" in md and "fd_fmnist, `submodel`" in md
+    # C1 under each rule: paired by seed, top-k - random under `full` at keep 0.5: (300 - 390, 320 - 380)
+    lines = "\n".join(paper_figures.rule_claims(rules))
+    assert "- `full`:" in lines and "seed 7: -90.0, seed 8: -60.0; top-k better at 2 of 2" in lines
+
+
+def test_choosing_rules_without_scored_rules_is_a_clear_error(study_root, tmp_path):
+    with pytest.raises(ValueError, match="eval.inference_variants=true"):
+        paper_figures.choose(study_root, tmp_path / "out")
 
 
 def test_tile_puts_sample_k_at_row_k_div_10_column_k_mod_10():

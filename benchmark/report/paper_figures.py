@@ -12,7 +12,16 @@ FedAvg, the untrained baseline; `benchmark/grid/builtin/paper-fmnist.toml`) and 
 - paper_metric_vs_bound.png: every run's metric against its w^2 and its Gamma*;
 - paper_samples.png: the paper's Figure 4-6 layout, one row per keep ratio, one column block per
   family, each block the first 30 fixed-noise samples (3 x 10) of one seed, so the same noise
-  sits at the same place in every block.
+  sits at the same place in every block;
+- paper_rules.csv / .md: per (family, keep ratio, inference rule) the mean and 95 % t-interval of
+  the primary metric, every rule scored on the same trained models (eval.inference_variants).
+
+    python -m dfbench.benchmark.report.paper_figures --runs results/paper-fmnist/rules/runs \
+        --out results/paper-fmnist/rules --choose-rules
+
+writes only paper_rules.* and rule_choice.md: each family's inference rule with the lowest mean
+metric over its keep ratios (the held-out seed's grid, paper-fmnist-rules.toml, chooses the rules
+the study then uses; a rule is never chosen per run from the score it is judged by).
 
 FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests/test_pruning.py).
 """
@@ -37,6 +46,7 @@ from dfbench.benchmark.metrics import drift  # noqa: E402
 from dfbench.benchmark.metrics import uncertainty  # noqa: E402
 from dfbench.benchmark.report.paired import seed_differences  # noqa: E402
 from dfbench.benchmark.report.frames import collect, primary_metric  # noqa: E402
+from dfbench.methods.pruning import INFERENCE_MODES  # noqa: E402
 
 FAMILIES = {"random_prune": "random", "topk_prune": "top-k"}
 COLORS = {"random": "tab:orange", "top-k": "tab:blue"}
@@ -68,6 +78,86 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
         elif r["method"] in FAMILIES:
             rows.append({**base, "family": FAMILIES[r["method"]], "keep": float(r["param.keep_ratio"])})
     return pd.DataFrame(rows), metric
+
+
+RULE_COLUMNS = ["family", "keep", "seed", "rule", "configured", "metric"]
+
+
+def rule_runs(runs_dir: str | Path) -> pd.DataFrame:
+    """One row per pruning run x inference rule: family, keep, seed, rule, configured (the run's
+    result) and the primary metric under that rule; empty when no run scored its rules."""
+    data = collect(runs_dir)
+    metric = primary_metric(data.metrics)
+    inf = data.inference
+    if metric is None or inf.empty:
+        return pd.DataFrame(columns=RULE_COLUMNS)
+    inf = inf[(inf["metric"] == metric) & inf["method"].isin(list(FAMILIES))]
+    keep = data.runs.set_index("run_id")["param.keep_ratio"]
+    return pd.DataFrame({
+        "family": inf["method"].map(FAMILIES), "keep": inf["run_id"].map(keep).astype(float),
+        "seed": inf["seed"].astype(int), "rule": inf["inference"].astype(str),
+        "configured": inf["configured"].astype(bool), "metric": inf["value"].astype(float),
+    }, columns=RULE_COLUMNS).reset_index(drop=True)
+
+
+def rule_summary(rules: pd.DataFrame) -> pd.DataFrame:
+    """Per (family, keep, rule): n seeds, mean / low / high of the metric (95 % t-interval)."""
+    out = []
+    for (family, keep, rule), grp in rules.groupby(["family", "keep", "rule"], sort=False):
+        mean, low, high = t_interval(grp["metric"].to_numpy())
+        out.append({"family": family, "keep": keep, "rule": rule, "n": len(grp),
+                    "seeds": ";".join(map(str, sorted(grp["seed"]))), "metric_mean": mean, "metric_low": low, "metric_high": high})
+    table = pd.DataFrame(out, columns=["family", "keep", "rule", "n", "seeds", "metric_mean", "metric_low", "metric_high"])
+    order = {r: i for i, r in enumerate(INFERENCE_MODES)}
+    return table.sort_values(["family", "keep", "rule"], ascending=[True, False, True],
+                             key=lambda s: s.map(order) if s.name == "rule" else s).reset_index(drop=True)
+
+
+def choose_rules(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per family and rule: the mean of the per-keep means over the keep ratios the family has, and
+    whether that rule is the family's choice (the lowest such mean among the rules scored at every
+    keep ratio). Ranked best first within each family."""
+    out = []
+    for family, grp in summary.groupby("family", sort=False):
+        keeps = set(grp["keep"])
+        for rule, sub in grp.groupby("rule", sort=False):
+            complete = set(sub["keep"]) == keeps
+            out.append({"family": family, "rule": rule, "keeps": len(sub), "complete": complete,
+                        "mean_over_keeps": float(sub["metric_mean"].mean()),
+                        "best_at": ";".join(f"{k:g}" for k in sorted(keeps, reverse=True)
+                                            if grp[grp["keep"] == k].sort_values("metric_mean")["rule"].iloc[0] == rule)})
+    table = pd.DataFrame(out, columns=["family", "rule", "keeps", "complete", "mean_over_keeps", "best_at"])
+    table = table.sort_values(["family", "complete", "mean_over_keeps"], ascending=[True, False, True]).reset_index(drop=True)
+    table["chosen"] = ~table.duplicated("family") & table["complete"]
+    return table
+
+
+def write_rules(summary: pd.DataFrame, metric: str, out: Path) -> None:
+    """paper_rules.csv / .md: the metric under every inference rule, per family and keep ratio."""
+    summary.to_csv(out / "paper_rules.csv", index=False, float_format="%.6g")
+    rules = [r for r in INFERENCE_MODES if r in set(summary["rule"])]
+    lines = [f"| family | keep | n | " + " | ".join(f"{metric}, `{r}`" for r in rules) + " |",
+             "|---|---:|---:|" + "---|" * len(rules)]
+    for (family, keep), grp in summary.groupby(["family", "keep"], sort=False):
+        by = grp.set_index("rule")
+        cells = [_fmt(by.loc[r]) if r in by.index else "–" for r in rules]
+        lines.append(f"| {family} | {keep:g} | {int(grp['n'].max())} | " + " | ".join(cells) + " |")
+    note = ("Mean over seeds with a 95 % Student-t interval in brackets; every rule samples the same trained "
+            "model from the same fixed noises (`eval.inference_variants`). full: the global model as it is; "
+            "scaled: each pruned tensor times its expected keep fraction; submodel: the global model times the "
+            "family's own mask at the clients' keep ratio (top-k: its largest weights; random: one seeded mask).")
+    (out / "paper_rules.md").write_text("\n".join(lines) + "\n\n" + note + "\n")
+
+
+def write_rule_choice(choice: pd.DataFrame, summary: pd.DataFrame, metric: str, out: Path) -> None:
+    seeds = sorted({s for v in summary["seeds"] for s in str(v).split(";")})
+    lines = [f"Computed by `benchmark/report/paper_figures.py --choose-rules` from the runs of seed(s) {', '.join(seeds)}: "
+             f"each family's rule with the lowest {metric} averaged over its keep ratios (lower is better).", "",
+             f"| family | rule | mean {metric} over keeps | keeps | best at keep | chosen |", "|---|---|---:|---:|---|---|"]
+    for _, r in choice.iterrows():
+        lines.append(f"| {r['family']} | `{r['rule']}` | {r['mean_over_keeps']:.1f} | {r['keeps']} | {r['best_at'] or '–'} | "
+                     f"{'**yes**' if r['chosen'] else ''} |")
+    (out / "rule_choice.md").write_text("\n".join(lines) + "\n")
 
 
 def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
@@ -223,8 +313,28 @@ def paired_differences(study: pd.DataFrame, keep: float) -> str:
     return f"{per}; top-k better at {int((diff < 0).sum())} of {len(seeds)}; mean {mean:+.1f}{ci}"
 
 
-def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str) -> list[str]:
-    """The paper's claims C1-C4 checked against the summary, as markdown lines with numbers."""
+def rule_claims(rules: pd.DataFrame) -> list[str]:
+    """C1 with both families sampled under the same inference rule, for every rule scored."""
+    if rules.empty:
+        return []
+    summary = {(r["family"], r["keep"], r["rule"]): r for _, r in rule_summary(rules).iterrows()}
+    lines = ["\n**C1 under each inference rule** (both families sampled by the same rule, on the same trained models)"]
+    for rule in INFERENCE_MODES:
+        sub = rules[rules["rule"] == rule]
+        keeps = sorted(set(sub[sub["family"] == "random"]["keep"]) & set(sub[sub["family"] == "top-k"]["keep"]), reverse=True)
+        if not keeps:
+            continue
+        lines.append(f"- `{rule}`:")
+        for k in keeps:
+            r, t = summary[("random", k, rule)], summary[("top-k", k, rule)]
+            paired = paired_differences(sub, k)
+            lines.append(f"  - keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}" + (f"; paired {paired}" if paired else ""))
+    return lines
+
+
+def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str, rules: pd.DataFrame | None = None) -> list[str]:
+    """The paper's claims C1-C4 checked against the summary, as markdown lines with numbers (C1
+    also under each inference rule, given `rule_runs`' rows)."""
     from scipy import stats
 
     get = {(r["family"], r["keep"]): r for _, r in table.iterrows()}
@@ -242,6 +352,7 @@ def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str) -> list[str]:
         paired = paired_differences(study, k)
         if paired:
             lines.append(f"  - paired by seed (same partition and initialisation), top-k − random: {paired}")
+    lines += rule_claims(rules if rules is not None else pd.DataFrame(columns=RULE_COLUMNS))
     lines.append("\n**C2: quality falls as keep falls**")
     for fam in fams:
         seq = [(k, get[(fam, k)]["metric_mean"]) for k in [1.0, *keeps] if (fam, k) in get]
@@ -283,8 +394,14 @@ def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
     study, metric = study_runs(runs_dir)
     table = summarize(study)
     write_summary(table, metric, out)
-    (out / "paper_claims.md").write_text("\n".join(claims(table, study, metric)) + "\n")
+    rules = rule_runs(runs_dir)
+    extra = {}
+    if not rules.empty:
+        write_rules(rule_summary(rules), metric, out)
+        extra["rules"] = out / "paper_rules.md"
+    (out / "paper_claims.md").write_text("\n".join(claims(table, study, metric, rules)) + "\n")
     return {
+        **extra,
         "summary": out / "paper_summary.md",
         "claims": out / "paper_claims.md",
         "metric_vs_keep": plot_metric_vs_keep(table, metric, out / "paper_metric_vs_keep.png"),
@@ -294,12 +411,29 @@ def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
     }
 
 
+def choose(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
+    """paper_rules.* and rule_choice.md for the pruning runs under `runs_dir` (no FedAvg needed)."""
+    out = Path(out)
+    rules = rule_runs(runs_dir)
+    if rules.empty:
+        raise ValueError(f"no pruning run under {runs_dir} scored its inference rules; run the grid with "
+                         "eval.inference_variants=true first (make bench-paper-fmnist-rules)")
+    out.mkdir(parents=True, exist_ok=True)
+    metric = primary_metric(collect(runs_dir).metrics)
+    summary = rule_summary(rules)
+    write_rules(summary, metric, out)
+    write_rule_choice(choose_rules(summary), summary, metric, out)
+    return {"rules": out / "paper_rules.md", "choice": out / "rule_choice.md"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, help="root of the study's run folders")
     ap.add_argument("--out", required=True, help="folder for the figures and paper_summary.{md,csv}")
+    ap.add_argument("--choose-rules", action="store_true",
+                    help="write only paper_rules.{md,csv} and rule_choice.md (each family's best inference rule over its keep ratios)")
     args = ap.parse_args(argv)
-    for name, path in build(args.runs, args.out).items():
+    for name, path in (choose if args.choose_rules else build)(args.runs, args.out).items():
         print(f"{name}: {path}")
     return 0
 
