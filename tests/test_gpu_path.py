@@ -76,12 +76,14 @@ def test_a_generator_lives_on_the_runs_device_and_cpu_runs_draw_as_before(tiny_d
     ("paper-fmnist", "results/paper-fmnist/leaderboard.csv"),
     ("cpu-aggregation", "results/cpu-aggregation/leaderboard.csv"),
     ("cpu-aggregation-tune", "results/cpu-aggregation/tune/leaderboard.csv"),
+    ("paper-fmnist-rules", "results/paper-fmnist/rules/leaderboard.csv"),
+    ("results/cpu-recipe/demo-tune.toml", "results/cpu-recipe/demo-tune/leaderboard.csv"),
 ])
 def test_the_committed_cpu_studies_keep_their_run_ids(study, csv):
     """Every run id in a committed leaderboard is one its grid gives today (CPU ids unchanged)."""
     from dfbench.benchmark.grid.spec import load_grid
 
-    ids = {c.cfg.run_id() for c in load_grid(study).cells}
+    ids = {c.cfg.run_id() for c in load_grid(str(ROOT / study) if study.endswith(".toml") else study).cells}
     committed = set(re.findall(r"\bs\d+-[0-9a-f]{10}\b", (ROOT / csv).read_text()))
     assert committed and committed <= ids, sorted(committed - ids)
 
