@@ -390,11 +390,13 @@ def test_a_cell_a_peer_finished_after_this_worker_started_is_not_rerun_even_with
 
 def test_the_held_out_grid_of_paper_fmnist_has_its_setting_key_for_key():
     """paper-fmnist-rules.toml chooses paper-fmnist's lr and inference rules on seed 7: the same
-    [base], pruning cells at the same keep ratios, and no seed of the study."""
+    [base] (but the evaluation's sample count: 1000 there, 400 in the study), pruning cells at the
+    same keep ratios, and no seed of the study."""
     import tomllib
 
     builtin = Path(S.__file__).parent / "builtin"
     study, held_out = (tomllib.loads((builtin / f"{n}.toml").read_text()) for n in ("paper-fmnist", "paper-fmnist-rules"))
+    assert (held_out["base"].pop("eval.samples"), study["base"].pop("eval.samples")) == (1000, 400)
     assert held_out["base"] == study["base"]
     pruning = [m for m in study["axes"]["method"] if "prune" in m]
     assert held_out["axes"]["method"] == pruning
