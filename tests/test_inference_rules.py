@@ -30,7 +30,7 @@ from dfbench.methods.pruning import INFERENCE_MODES
 from helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
-PRUNERS = {"random_prune": "scaled", "topk_prune": "full"}  # method -> its default (configured) rule
+PRUNERS = {"random_prune": "scaled", "topk_prune": "submodel"}  # method -> its default (configured) rule
 SCORED = {"eval.metrics": "fd_fmnist"}
 TAGS = ("inference", "configured")
 
@@ -86,7 +86,7 @@ def synthetic_loads(monkeypatch, tiny_data) -> None:
 
 @pytest.mark.parametrize("method,params,capacity,configured,others", [
     ("random_prune", {"keep_ratio": 0.5}, "", "scaled", ["full", "submodel"]),
-    ("topk_prune", {"keep_ratio": 0.5}, "", "full", ["scaled", "submodel"]),
+    ("topk_prune", {"keep_ratio": 0.5}, "", "submodel", ["full", "scaled"]),
     ("random_prune", {"keep_ratio": 0.5, "inference": "submodel"}, "", "submodel", ["full", "scaled"]),
     # nobody trains a sub-model: every rule samples the model unchanged (keep 1.0 is FedAvg)
     ("random_prune", {"keep_ratio": 1.0}, "", "scaled", []),

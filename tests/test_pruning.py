@@ -26,7 +26,7 @@ from dfbench.methods.pruning import (INFERENCE_MODES, SEED_BITS, flop_fraction, 
 
 PRUNERS = ["random_prune", "topk_prune"]
 # the defaults chosen from the measurements in README's Pruning section
-DEFAULT_INFERENCE = {"random_prune": "scaled", "topk_prune": "full"}
+DEFAULT_INFERENCE = {"random_prune": "scaled", "topk_prune": "submodel"}
 
 
 def rows_of(d: Path) -> list[dict]:
