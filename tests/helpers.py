@@ -45,3 +45,15 @@ def lockstep_kw(model, layout, jobs, images, objective, *, steps, batch_size, lr
 
     settings = StepSettings(batch_size=batch_size, lr=lr, grad_clip=grad_clip, probe_steps=probe_steps, amp=amp)
     return train_lockstep(model, layout, jobs, images, objective, settings, steps=steps)
+
+
+def load_script(name: str) -> Any:
+    """scripts/<name>.py imported as a module (the scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
-from helpers import local_train_kw
+from helpers import load_script, local_train_kw
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("cpu_recipe", ROOT / "scripts" / "cpu_recipe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("cpu_recipe")
 
 
 def test_bf16_local_training_is_deterministic_run_to_run(tiny_data, monkeypatch):

@@ -7,8 +7,6 @@ falls toward 0 as the subset grows); and the script end to end on a tiny run's s
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,16 +14,12 @@ import scipy.linalg
 
 from dfbench import datasets
 from dfbench.benchmark.engine import lifecycle
-from helpers import tiny_config
+from helpers import load_script, tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("eval_precision", ROOT / "scripts" / "eval_precision.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("eval_precision")
 
 
 def _reference_fd(x: np.ndarray, mu: np.ndarray, sigma: np.ndarray) -> float:

@@ -8,8 +8,6 @@ rounds leave a weight untrained with probability (1 - keep)^(clients x rounds).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,16 +16,12 @@ from dfbench import datasets
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.engine.context import build_context
 from dfbench.methods.pruning import magnitude_mask, prunable_tensors
-from helpers import final_params, tiny_config
+from helpers import load_script, final_params, tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pruning_masks", ROOT / "scripts" / "pruning_masks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("pruning_masks")
 
 
 @pytest.fixture
