@@ -10,7 +10,6 @@ classifier) against the synthetic `tiny_data` set.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -27,7 +26,7 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, config_hash
 from dfbench.benchmark.engine import evaluate, lifecycle
 from dfbench.methods.pruning import INFERENCE_MODES
-from helpers import tiny_config
+from helpers import load_script, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PRUNERS = {"random_prune": "scaled", "topk_prune": "submodel"}  # method -> its default (configured) rule
@@ -175,11 +174,9 @@ def test_runs_that_sample_one_way_have_no_rule_rows(runs):
         assert "inference_variants_wall_seconds" not in json.loads((d / runfolder.METRICS).read_text())
 
 
-def _rescore(run: Path, out: Path, rules: list[str], monkeypatch) -> dict[str, dict[str, float]]:
-    spec = importlib.util.spec_from_file_location("rescore_inference", ROOT / "scripts" / "rescore_inference.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setattr(sys, "argv", ["rescore_inference.py", str(run), *[a for r in rules for a in ("--rule", r)], "--out", str(out)])
+def _rescore(run: Path, out: Path, rules: list[str], monkeypatch, *more: str) -> dict[str, dict[str, float]]:
+    script = load_script("rescore_inference")
+    monkeypatch.setattr(sys, "argv", ["rescore_inference.py", str(run), *[a for r in rules for a in ("--rule", r)], "--out", str(out), *more])
     script.main()
     return json.loads((out / "rescore.json").read_text())["rules"]
 
@@ -195,6 +192,55 @@ def test_every_rule_equals_what_rescore_inference_computes_after_the_fact(runs, 
         assert table[rule] == {k: mine[k] for k in table[rule]}, rule  # bitwise (the script scores no per-client rows)
         saved = d / (runfolder.SAMPLES if rule == PRUNERS[name] else f"samples-{rule}.npz")
         assert np.array_equal(_images(tmp_path / "rescore" / rule / "samples.npz"), _images(saved))
+
+
+def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model_at_keep_1(runs, tmp_path, synthetic_loads,
+                                                                                          monkeypatch, capsys):
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.context import build_context
+    from dfbench.methods.pruning import random_mask
+
+    script = load_script("rescore_inference")
+    d = runs["random_prune"]
+    cfg = RunConfig.from_dict(runfolder.read_json(d / "config.json"))
+    ctx = build_context(cfg)
+    params = runfolder.load_checkpoint(d)["params"]
+    method = methods.create_method("random_prune", **dict(cfg.method_params))
+    net = script.MaskEnsemble(ctx, params, 0.5, method.prunable(ctx.layout), draws=2)
+    x, t = torch.randn(3, *ctx.image_shape), torch.full((3,), 0.4)
+    ctx.model.eval()
+    with torch.no_grad():
+        got = net(x, t)
+        gen = ctx.gen("ensemble_mask")  # the documented stream, drawn by hand
+        ys = []
+        for _ in range(2):
+            ctx.flat.copy_(params * random_mask(ctx.layout, 0.5, method.prunable(ctx.layout), gen))
+            ys.append(ctx.model(x, t))
+    assert torch.equal(got, (ys[0] + ys[1]) / 2)
+    assert not torch.allclose(ys[0], ys[1])  # two different sub-models
+    # the whole diagnostic: deterministic, and at keep 1.0 (every mask all ones) exactly the full model
+    a = _rescore(d, tmp_path / "a", ["ensemble:draws=2"], monkeypatch)
+    b = _rescore(d, tmp_path / "b", ["ensemble:draws=2", "full"], monkeypatch)
+    assert a["ensemble:draws=2"] == b["ensemble:draws=2"] and b["ensemble:draws=2"] != b["full"]
+    k1 = _rescore(runs["keep1"], tmp_path / "k1", ["ensemble:draws=2", "full"], monkeypatch, "--loss", "16")
+    assert np.array_equal(_images(tmp_path / "k1" / "ensemble_draws-2" / "samples.npz"), _images(tmp_path / "k1" / "full" / "samples.npz"))
+    assert k1["ensemble:draws=2"] == k1["full"] and k1["full"]["loss"] > 0  # the loss too: same images, times, noises
+    # --loss against the objective's own loss on the documented draws, by hand
+    ctx1 = build_context(RunConfig.from_dict(runfolder.read_json(runs["keep1"] / "config.json")))
+    gen = ctx1.gen("rescore_loss")
+    pick = torch.randperm(ctx1.images.shape[0], generator=gen)[:16]
+    ctx1.flat.copy_(runfolder.load_checkpoint(runs["keep1"])["params"])
+    ctx1.model.eval()
+    with torch.no_grad():
+        want = float(ctx1.get_objective(None).loss(ctx1.model, ctx1.images[pick].float() / 127.5 - 1.0, gen))
+    assert k1["full"]["loss"] == pytest.approx(want, rel=1e-6)
+    # a run of another method takes `full` alone (a reference model for --loss)
+    fed = _rescore(runs["fedavg"], tmp_path / "fed", ["full"], monkeypatch, "--loss", "16")
+    assert fed["full"]["loss"] > 0
+    with pytest.raises(SystemExit, match="inference rules belong to"):
+        _rescore(runs["fedavg"], tmp_path / "fed2", ["scaled"], monkeypatch)
+    with pytest.raises(SystemExit, match="belongs to random_prune"):
+        _rescore(runs["topk_prune"], tmp_path / "t", ["ensemble:draws=2"], monkeypatch)
 
 
 def test_dfbench_eval_rescores_every_saved_rule_and_leaves_out_a_missing_one(runs, tmp_path, synthetic_loads):
