@@ -154,14 +154,20 @@ def cmd_methods(a: argparse.Namespace) -> int:
 def cmd_report(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.drift import record_missing_drift
     from dfbench.benchmark.report.build import build_report
+    from dfbench.benchmark.report.frames import parse_target
     from dfbench.benchmark.report.run_folders import find_run_dirs
 
+    try:
+        target = parse_target(a.target) if a.target else None  # before anything is written
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     # The reporter only reads run folders. A run evaluated before its dense reference finished has
     # no drift record yet: write it first (under the run's lock, as evaluation would have), then read.
     written = record_missing_drift(find_run_dirs(a.runs))
     if written:
         print(f"drift recorded for {len(written)} run(s) evaluated before their dense reference was done")
-    paths = build_report(a.runs, a.out)
+    paths = build_report(a.runs, a.out, target)
     for k, v in paths.items():
         print(f"{k}: {v}")
     return 0
@@ -282,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "metrics.json (under the run's lock), as its grid's last worker would have.")
     rep.add_argument("--runs", default=DEFAULT_OUT)
     rep.add_argument("--out", default="results")
+    rep.add_argument("--target", metavar="METRIC=VALUE",
+                     help="a quality, e.g. fd_fmnist=300: the leaderboard gives each setting's simulated time to first "
+                          "reach it on its quality curve (runs with eval.every > 0)")
     rep.set_defaults(func=cmd_report)
 
     g = sub.add_parser("grid", help="run a grid of runs (benchmark/grid/builtin/NAME.toml or a file); resumes, skips done cells",

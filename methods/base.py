@@ -14,7 +14,7 @@ Round r, as the round (benchmark/engine/training.py) sees a method (every hook h
 What a method may ask of the shared local step is a `LocalStep` (mask, proximal term,
 objective, the network to train, a step correction): typed fields with a general meaning,
 never a method's name. What a method cannot do is declared, not discovered mid-run:
-`batched_clients` / `several_ranks` and `check(config, run, world)`, which config validation
+`batched_clients` / `several_ranks` / `midway_sampling` / `asynchronous` and `check(config, run, world)`, which config validation
 calls for every RunConfig (`dfbench run`, the API, every cell of `dfbench grid --dry-run`)
 and the run's life cycle calls again with the real world size, before any data is loaded.
 What evaluation needs from a method are hooks too: `client_groups` (client -> group, e.g.
@@ -203,6 +203,13 @@ class Method:
     #: May its clients be spread over several torch.distributed ranks? No when it keeps
     #: per-client state across rounds (clients move between ranks from round to round).
     several_ranks: ClassVar[bool] = True
+    #: Can the global model be sampled between rounds (eval.every, the quality curve)? No when
+    #: sampling needs what `finalize` builds after the last round (an expert mixture's router).
+    midway_sampling: ClassVar[bool] = True
+    #: Can it run under the asynchronous driver (train.driver=fedbuff), whose updates come from
+    #: older global models and are rebased onto the current one? No when its aggregation
+    #: assumes one synchronous round (control variates) or its upload carries extra fields.
+    asynchronous: ClassVar[bool] = True
     #: What the method does that a missing capability cannot (the refusal says it), e.g.
     #: "corrects every local step by a control variate".
     needs: ClassVar[str] = ""
@@ -223,6 +230,12 @@ class Method:
         if run.train.clients_mode == "batched" and not cls.batched_clients:
             raise ValueError(f"method {cls.name!r} cannot run with train.clients_mode=batched{why}; "
                              "use --set train.clients_mode=sequential")
+        if run.train.driver != "sync" and not cls.asynchronous:
+            raise ValueError(f"method {cls.name!r} cannot run with train.driver={run.train.driver}{why}; "
+                             "use --set train.driver=sync")
+        if run.eval.every and not cls.midway_sampling:
+            raise ValueError(f"method {cls.name!r} cannot draw a quality curve (eval.every={run.eval.every}): its model "
+                             f"is sampled only after the last round{why}; use --set eval.every=0")
         if world > 1 and not cls.several_ranks:
             raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}){why}; "
                              "run it without torchrun")

@@ -113,6 +113,10 @@ def assign_experts(num_experts: int, partition_spec: str, cluster_of_client: np.
 class Experts(Method):
     """K isolated experts (one per data cluster), a router trained after training, mixing in velocity space."""
 
+    midway_sampling = False  # the mixture samples through the router, which finalize() trains after the last round
+    asynchronous = False  # not built: per-expert groups under stale updates
+    needs = "trains isolated experts per cluster and samples through a router trained after the last round"
+
     @dataclass(frozen=True)
     class Config:
         num_experts: int = 2  # 0 = one per cluster of a clusters:K partition

@@ -57,3 +57,45 @@ def load_script(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# Runs in a fresh interpreter: trains tiny_config(over) on the synthetic image set (every
+# datasets.load too) and SIGKILLs itself right after appending the row of round KILL_AT to WATCH
+# (rounds.jsonl or curve.jsonl), i.e. before that round's checkpoint (the worst moment).
+KILL_SCRIPT = """
+import json, os, signal, sys
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)
+from conftest import make_imageset
+from helpers import tiny_config
+from dfbench import datasets
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine.lifecycle import run
+
+out, kill_at, over, watch = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+data = make_imageset()
+datasets.load = lambda name, split="train", root=None, **kw: data
+append = runfolder.append_round
+
+def append_then_die(d, row, name=runfolder.ROUNDS):
+    append(d, row, name)
+    if name == watch and row["round"] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+runfolder.append_round = append_then_die
+run(tiny_config(over=over), out, data=data, progress=False)
+"""
+
+
+def run_then_sigkill(out: Any, over: dict[str, Any], kill_at: int, watch: str = "rounds.jsonl") -> Any:
+    """Train tiny_config(over=over) into `out` in a subprocess that SIGKILLs itself after writing
+    round `kill_at`'s row of `watch`; returns the CompletedProcess (returncode -SIGKILL when it did)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    return subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=str(tests)), str(out), str(kill_at), json.dumps(over), watch],
+                          cwd=tests.parent, capture_output=True, text=True, timeout=300)

@@ -226,8 +226,9 @@ def test_only_failures_still_reports(tmp_path: Path) -> None:
     md = written["leaderboard_md"].read_text()
     assert "| s0-fail |" in md and "boom" in md
     assert not any(k.startswith(("plot_", "mosaic_")) for k in written)
-    # every plot is skipped, each with a reason
-    assert len(written["skipped"].read_text().strip().splitlines()) == 6
+    # every plot is skipped, each with a reason (the six of the runs and the quality curves)
+    skipped = written["skipped"].read_text().strip().splitlines()
+    assert len(skipped) == 7 and any("quality_curves" in line and "eval.every" in line for line in skipped)
 
 
 def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny_data) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,34 +13,10 @@ from dfbench import methods
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
-from helpers import final_params, tiny_config
+from helpers import final_params, run_then_sigkill, tiny_config
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
-
-# Runs in a fresh interpreter: trains a tiny run and SIGKILLs itself right after rounds.jsonl
-# got round KILL_AT, i.e. before that round's checkpoint (the worst moment for duplicates).
-KILL_SCRIPT = """
-import json, os, signal, sys
-sys.path.insert(0, {tests!r})
-import torch
-torch.set_num_threads(1)
-from conftest import make_imageset
-from helpers import tiny_config
-from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.engine.lifecycle import run
-
-out, kill_at, over = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-append = runfolder.append_round
-
-def append_then_die(d, row):
-    append(d, row)
-    if row["round"] == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-runfolder.append_round = append_then_die
-run(tiny_config(over=over), out, data=make_imageset(), progress=False)
-"""
 
 RESUME = {"train.rounds": 4, "checkpoint_every": 1, "train.ema": 0.5, "system.participation": 0.5}
 
@@ -62,8 +36,7 @@ def test_sigkill_mid_run_then_rerun_is_bitwise_equal_to_uninterrupted(tmp_path, 
     ref = run(cfg, tmp_path / "ref", data=tiny_data, progress=False)
     # execute: a subprocess killed by SIGKILL after appending round 3, before checkpointing it
     out = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=str(TESTS)), str(out), "3", json.dumps(RESUME)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_then_sigkill(out, RESUME, 3)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     d = runfolder.run_dir(out, cfg)
     assert _state(d) == "running"

@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping
 
 # ConfigError and the value conversion live in a leaf module so that the method registry can use
 # them at import time without importing this module (which validates through the registry).
-from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_value  # noqa: F401  (re-exported)
+from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
 
 DATASETS = ("fmnist", "svhn", "cifar10")
 Objective = Literal["ddpm", "fm"]
@@ -32,6 +32,7 @@ Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
+Driver = Literal["sync", "fedbuff"]
 TimeSampling = Literal["auto", "uniform", "logit_normal"]
 
 
@@ -72,6 +73,11 @@ class TrainConfig:
     # pinned, TF32 off (bitwise reproducible on one GPU model and software stack); false = cuDNN
     # autotuning and TF32 (faster, not reproducible). Part of the run id on CUDA; CPU has no switch.
     deterministic: bool = True
+    # -- who trains when (benchmark/engine/asynchronous.py) --
+    driver: Driver = "sync"  # sync: synchronous rounds; fedbuff: asynchronous buffered aggregation (Nguyen et al. 2022)
+    concurrency: int = 0  # fedbuff: clients training at once (0 = every client)
+    buffer: int = 0  # fedbuff: reports per server step (0 = concurrency); train.rounds counts server steps
+    staleness: str = "poly:0.5"  # fedbuff: weight of a report tau versions old: constant | poly:A = (1 + tau)^-A
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,12 @@ class SystemConfig:
     stragglers: float = 0.0  # fraction of clients that run fewer local steps
     straggler_steps: float = 0.5  # a straggler runs ceil(this * local_steps) steps
     capacity: str = ""  # capacity tiers "KEEP:FRACTION,...", e.g. "1.0:0.5,0.5:0.5" (pruning methods)
+    # -- the simulated clock (benchmark/engine/clock.py): simulated seconds per client and round --
+    speed: str = ""  # client compute speeds: "" (all 1), "SPEED:FRACTION,..." tiers (capacity's order), "lognormal:SIGMA"
+    compute_rate: float = 100.0  # images / s (forward + backward) of a speed-1 client at its full model
+    uplink_mbps: float = 0.0  # client -> server link, Mbit/s (0 = instantaneous)
+    downlink_mbps: float = 0.0  # server -> client link, Mbit/s (0 = instantaneous)
+    deadline: float = 0.0  # round deadline in simulated seconds: a later client's update is dropped (0 = none)
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,10 @@ class EvalConfig:
     # also sample and score the method's other sampling rules (pruning's inference rules) beside the
     # result, as rows tagged `inference`; false saves one sampling pass per rule (the result is the same)
     inference_variants: bool = True
+    # quality curve: every `every` rounds (and at round 0, the untrained model) the primary metric
+    # on the first `curve_samples` fixed noises, appended to curve.jsonl (0 = off; training unchanged)
+    every: int = 0
+    curve_samples: int = 200
 
 
 @dataclass(frozen=True)
@@ -168,7 +184,10 @@ NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
 
 # Fields added after run ids were first published, with the value that reproduces the runs made
 # before them: left out of the hash at that value, so every existing run id stays valid.
-LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform"}
+LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform",
+                "system.speed": "", "system.compute_rate": 100.0, "system.uplink_mbps": 0.0,
+                "system.downlink_mbps": 0.0, "system.deadline": 0.0, "eval.every": 0, "eval.curve_samples": 200,
+                "train.driver": "sync", "train.concurrency": 0, "train.buffer": 0, "train.staleness": "poly:0.5"}
 
 
 def time_sampling_for(t: TrainConfig, objective: str) -> str:
@@ -220,9 +239,14 @@ def config_hash(cfg: RunConfig) -> str:
         d["numerics"] = numerics
     if cfg.train.time_sampling == "auto":  # the id names what trains: auto and its resolution are one run
         d["train"]["time_sampling"] = time_sampling_for(cfg.train, cfg.train.objective)
+    if not cfg.eval.every:  # no curve: its sample count changes nothing
+        d["eval"].pop("curve_samples")
+    if cfg.train.driver == "sync":  # the asynchronous driver's knobs change nothing in synchronous rounds
+        for key in ("concurrency", "buffer", "staleness"):
+            d["train"].pop(key)
     for key, neutral in LATER_FIELDS.items():
         head, _, rest = key.partition(".")
-        if d[head].get(rest) == neutral:
+        if rest in d[head] and d[head][rest] == neutral:
             d[head].pop(rest)
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
@@ -279,11 +303,32 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
            "speed on CUDA only)")
     _check(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
            "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
+    _check(t.driver in typing.get_args(Driver), "train.driver", t.driver, ", ".join(typing.get_args(Driver)))
+    _check(t.concurrency >= 0, "train.concurrency", t.concurrency, "an integer >= 0 (0 = every client)")
+    _check(t.buffer >= 0, "train.buffer", t.buffer, "an integer >= 0 (0 = train.concurrency)")
+    parse_staleness(t.staleness)
+    if t.driver == "fedbuff":
+        c = t.concurrency or d.clients
+        for bad, key, value, allowed in [
+            (t.concurrency > d.clients, "train.concurrency", t.concurrency, f"at most data.clients ({d.clients}) with train.driver=fedbuff"),
+            (t.buffer > c, "train.buffer", t.buffer, f"at most train.concurrency ({c}) with train.driver=fedbuff"),
+            (t.clients_mode == "batched", "train.clients_mode", t.clients_mode, "sequential with train.driver=fedbuff (one client at a time)"),
+            (s.participation < 1.0, "system.participation", s.participation, "1.0 with train.driver=fedbuff (train.concurrency picks who trains)"),
+            (s.dropout > 0, "system.dropout", s.dropout, "0 with train.driver=fedbuff (there is no synchronous round to drop out of)"),
+            (s.deadline > 0, "system.deadline", s.deadline, "0 with train.driver=fedbuff (there is no round to wait for)"),
+        ]:
+            _check(not bad, key, value, allowed)
     _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
     _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
     _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
     _check(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
     parse_capacity(s.capacity)
+    parse_speed(s.speed)
+    _check(math.isfinite(s.compute_rate) and s.compute_rate > 0, "system.compute_rate", s.compute_rate,
+           "a finite number > 0 (images per second of a speed-1 client)")
+    for key, v in (("system.uplink_mbps", s.uplink_mbps), ("system.downlink_mbps", s.downlink_mbps),
+                   ("system.deadline", s.deadline)):
+        _check(math.isfinite(v) and v >= 0, key, v, "a finite number >= 0 (0 = off)")
     _check(e.samples >= 1, "eval.samples", e.samples, "an integer >= 1")
     _check(e.sampler in typing.get_args(Sampler), "eval.sampler", e.sampler, "auto, ddim, euler, heun")
     if e.sampler != "auto":
@@ -292,6 +337,10 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
     _check(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
     _check(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
+    _check(e.every >= 0, "eval.every", e.every, "an integer >= 0 (rounds between quality-curve points; 0 = off)")
+    _check(not (e.every and e.metrics == "none"), "eval.every", e.every,
+           "0 with eval.metrics=none (the quality curve scores the model; name a metric or use auto)")
+    _check(e.curve_samples >= 2, "eval.curve_samples", e.curve_samples, "an integer >= 2 (a Frechet distance needs two samples)")
     _check(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
     _check(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
@@ -320,6 +369,8 @@ def check_world(cfg: RunConfig, world: int) -> None:
     """The method's check again with the real number of ranks (torchrun), before any data is loaded."""
     from dfbench.methods import get_method_class, method_config
 
+    _check(not (cfg.train.driver == "fedbuff" and world > 1), "train.driver", cfg.train.driver,
+           f"sync under torchrun (here {world} ranks): the asynchronous driver runs in one process")
     try:
         get_method_class(cfg.method).check(method_config(cfg.method, dict(cfg.method_params)), cfg, world)
     except (KeyError, TypeError, ValueError) as err:

@@ -8,6 +8,7 @@ config module, which validates method hyperparameters through the registry.
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -85,25 +86,61 @@ def seconds_from_env(name: str, default: float) -> float:
     return value
 
 
+def parse_tiers(spec: str, key: str, example: str, upper: float = 1.0) -> list[tuple[float, float]]:
+    """Tiers "VALUE:FRACTION,..." -> [(value, client_fraction)]; values in (0, upper], fractions sum to 1."""
+    if not spec:
+        return []
+    tiers = []
+    bound = "(0, 1]" if upper == 1.0 else "> 0"
+    for part in spec.split(","):
+        try:
+            value_s, frac_s = part.split(":")
+            value, frac = float(value_s), float(frac_s)
+        except ValueError:
+            raise ConfigError(f"invalid value for '{key}': {spec!r}; allowed: {example}") from None
+        if not (0.0 < value <= upper and math.isfinite(value)):
+            raise ConfigError(f"invalid value for '{key}': {spec!r}; allowed: values {bound} ({example})")
+        if not 0.0 < frac <= 1.0:
+            raise ConfigError(f"invalid value for '{key}': {spec!r}; allowed: client fractions in (0, 1]")
+        tiers.append((value, frac))
+    if not abs(sum(f for _, f in tiers) - 1.0) < 1e-6:
+        raise ConfigError(f"invalid value for '{key}': {spec!r}; allowed: client fractions that sum to 1")
+    return tiers
+
+
 def parse_capacity(spec: str) -> list[tuple[float, float]]:
     """Capacity tiers "CAPACITY:FRACTION,..." -> [(capacity, client_fraction)]; fractions sum to 1.
 
     A capacity in (0, 1] is what a client can hold; each method interprets it (pruning: keep
     ratio, HeteroFL: width rate)."""
+    return parse_tiers(spec, "system.capacity", "'KEEP:FRACTION,...' e.g. '1.0:0.5,0.5:0.5'")
+
+
+def parse_speed(spec: str) -> tuple[str, object]:
+    """system.speed -> ("none", None) | ("tiers", [(speed, fraction)]) | ("lognormal", sigma)."""
     if not spec:
-        return []
-    tiers = []
-    for part in spec.split(","):
+        return "none", None
+    if spec.startswith("lognormal:"):
         try:
-            keep_s, frac_s = part.split(":")
-            keep, frac = float(keep_s), float(frac_s)
+            sigma = float(spec.partition(":")[2])
         except ValueError:
-            raise ConfigError(f"invalid value for 'system.capacity': {spec!r}; allowed: 'KEEP:FRACTION,...' e.g. '1.0:0.5,0.5:0.5'") from None
-        if not 0.0 < keep <= 1.0:
-            raise ConfigError(f"invalid value for 'system.capacity': {spec!r}; allowed: keep ratios in (0, 1]")
-        if not 0.0 < frac <= 1.0:
-            raise ConfigError(f"invalid value for 'system.capacity': {spec!r}; allowed: client fractions in (0, 1]")
-        tiers.append((keep, frac))
-    if not abs(sum(f for _, f in tiers) - 1.0) < 1e-6:
-        raise ConfigError(f"invalid value for 'system.capacity': {spec!r}; allowed: client fractions that sum to 1")
-    return tiers
+            sigma = float("nan")
+        if not (math.isfinite(sigma) and sigma >= 0):
+            raise ConfigError(f"invalid value for 'system.speed': {spec!r}; allowed: 'lognormal:SIGMA' with SIGMA >= 0")
+        return "lognormal", sigma
+    return "tiers", parse_tiers(spec, "system.speed", "SPEED:FRACTION,... e.g. '1.0:0.5,0.25:0.5'", upper=math.inf)
+
+
+def parse_staleness(spec: str) -> float:
+    """train.staleness -> the exponent A of s(tau) = (1 + tau)^-A (constant: 0)."""
+    if spec == "constant":
+        return 0.0
+    if spec.startswith("poly:"):
+        try:
+            a = float(spec.partition(":")[2])
+        except ValueError:
+            a = math.nan
+        if math.isfinite(a) and a >= 0:
+            return a
+    raise ConfigError(f"invalid value for 'train.staleness': {spec!r}; allowed: constant, or poly:A with A >= 0 "
+                      "(weight (1 + staleness)^-A; Nguyen et al. use poly:0.5)")

@@ -35,6 +35,7 @@ CONFIG = "config.json"
 PARTITION = "partition.json"
 NUMERICS = "numerics.json"  # the device numerics of every start of the run (benchmark/core/numerics.py)
 ROUNDS = "rounds.jsonl"
+CURVE = "curve.jsonl"  # quality-curve points (eval.every), one JSON object per line like rounds.jsonl
 METRICS = "metrics.json"
 STATUS = "status.json"
 SAMPLES = "samples.npz"
@@ -107,33 +108,35 @@ def read_status(d: Path) -> dict[str, Any] | None:
     return read_json(p) if p.exists() else None
 
 
-def append_round(d: Path, row: dict[str, Any]) -> None:
+def append_round(d: Path, row: dict[str, Any], name: str = ROUNDS) -> None:
+    """Append one row to rounds.jsonl (or `name`, e.g. CURVE), fsynced."""
     try:
-        with open(d / ROUNDS, "a") as f:
+        with open(d / name, "a") as f:
             f.write(json.dumps(row, default=_json_default) + "\n")
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:  # a torn last line is skipped when read and dropped at the next start
         if err.filename is None:
-            err.filename = str(d / ROUNDS)
+            err.filename = str(d / name)
         raise
 
 
-def read_rounds_checked(d: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def read_rounds_checked(d: Path, name: str = ROUNDS) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows of rounds.jsonl in file order, a warning per line that was skipped).
 
     The one reading rule, for the run's own metrics.json, for resume and for the reporter: a
     line that is not a JSON object (a torn last line after a crash, a damaged byte) is skipped
     and named; the rows around it are kept. Appends are fsynced row by row, and a resume
     rewrites the file up to its checkpoint, so a torn line never outlives the next start.
+    `name`: another file of rows (CURVE), read by the same rule.
     """
-    p = Path(d) / ROUNDS
+    p = Path(d) / name
     if not p.exists():
         return [], []
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        return [], [f"{ROUNDS} unreadable: {exc}"]
+        return [], [f"{name} unreadable: {exc}"]
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -142,18 +145,18 @@ def read_rounds_checked(d: Path) -> tuple[list[dict[str, Any]], list[str]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            problems.append(f"{ROUNDS} line {number} skipped: {exc}")
+            problems.append(f"{name} line {number} skipped: {exc}")
             continue
         if not isinstance(row, dict):
-            problems.append(f"{ROUNDS} line {number} skipped: not a JSON object")
+            problems.append(f"{name} line {number} skipped: not a JSON object")
             continue
         rows.append(row)
     return rows, problems
 
 
-def read_rounds(d: Path) -> list[dict[str, Any]]:
-    """The rows of rounds.jsonl (damaged lines skipped: see `read_rounds_checked`)."""
-    return read_rounds_checked(d)[0]
+def read_rounds(d: Path, name: str = ROUNDS) -> list[dict[str, Any]]:
+    """The rows of rounds.jsonl or `name` (damaged lines skipped: see `read_rounds_checked`)."""
+    return read_rounds_checked(d, name)[0]
 
 
 def clear_run_dir(d: Path, keep: tuple[str, ...] = ()) -> None:
@@ -171,10 +174,10 @@ def clear_run_dir(d: Path, keep: tuple[str, ...] = ()) -> None:
             p.unlink()
 
 
-def truncate_rounds(d: Path, last_round: int) -> None:
+def truncate_rounds(d: Path, last_round: int, name: str = ROUNDS) -> None:
     """Keep rows with round <= last_round (the checkpoint's), so a resume never duplicates rows."""
-    rows = [r for r in read_rounds(d) if isinstance(r.get("round"), int) and r["round"] <= last_round]
-    atomic_write_bytes(d / ROUNDS, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows).encode())
+    rows = [r for r in read_rounds(d, name) if isinstance(r.get("round"), int) and r["round"] <= last_round]
+    atomic_write_bytes(d / name, "".join(json.dumps(r, default=_json_default) + "\n" for r in rows).encode())
 
 
 # -- checkpoints ----------------------------------------------------------------------------

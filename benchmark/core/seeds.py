@@ -7,6 +7,7 @@ resume, distributed runs and batched clients reproduce the single-process run ex
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import torch
@@ -26,3 +27,17 @@ def torch_gen(seed: int, *keys: object, device: str | torch.device = "cpu") -> t
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, *keys))
     return g
+
+
+def tier_values(num_clients: int, tiers: list[tuple[float, float]], seed: int) -> np.ndarray:
+    """Tiers [(value, fraction)] -> per-client values: tier sizes by largest remainder, order seeded.
+
+    The order is the same permutation for every tier list of the same sizes (the shuffle depends
+    on the seed and the number of clients only), so the capacity tiers and the speed tiers
+    (benchmark/engine/clock.py) put tier i on the same clients when their fractions agree."""
+    counts = [int(math.floor(f * num_clients)) for _, f in tiers]
+    rema = sorted(range(len(tiers)), key=lambda i: -(tiers[i][1] * num_clients - counts[i]))
+    for i in rema[: num_clients - sum(counts)]:
+        counts[i] += 1
+    values = np.concatenate([np.full(c, v, dtype=np.float64) for (v, _), c in zip(tiers, counts)])
+    return np_rng(seed, "capacity").permutation(values)

@@ -20,6 +20,8 @@ from dfbench import datasets
 from dfbench.benchmark.engine import diffusion
 from dfbench.benchmark.engine import distributed
 from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr, time_sampling_for
+from dfbench.benchmark.core.seeds import tier_values
+from dfbench.benchmark.engine.clock import Clock, build_clock
 from dfbench.benchmark.engine.model import PRESETS, Layout, UNet, UNetSpec, build_model, flatten_, resolve_preset
 from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
 
@@ -41,6 +43,7 @@ class RunContext:
     # Each method interprets it: pruning as the keep ratio of the sub-model, HeteroFL as its width.
     capacity: np.ndarray | None
     local_steps: np.ndarray  # per-client local steps (stragglers run fewer)
+    clock: Clock  # simulated seconds of clients and rounds (benchmark/engine/clock.py)
     objectives: dict[str, Any] = field(default_factory=dict)  # "ddpm"/"fm" -> objective object
     round: int = 0
     round_weight: float = 1.0  # sum of n_k over this round's clients (set by the loop)
@@ -150,16 +153,9 @@ class RunContext:
 
 
 def assign_tiers(num_clients: int, spec: str, seed: int) -> np.ndarray | None:
-    """Capacity tiers -> per-client capacity; tier sizes by largest remainder, order seeded."""
+    """Capacity tiers -> per-client capacity (None without tiers); see tier_values."""
     tiers = parse_capacity(spec)
-    if not tiers:
-        return None
-    counts = [int(math.floor(f * num_clients)) for _, f in tiers]
-    rema = sorted(range(len(tiers)), key=lambda i: -(tiers[i][1] * num_clients - counts[i]))
-    for i in rema[: num_clients - sum(counts)]:
-        counts[i] += 1
-    keeps = np.concatenate([np.full(c, k) for (k, _), c in zip(tiers, counts)])
-    return np_rng(seed, "capacity").permutation(keeps)
+    return tier_values(num_clients, tiers, seed) if tiers else None
 
 
 def assign_local_steps(num_clients: int, steps: int, fraction: float, straggler_steps: float, seed: int) -> np.ndarray:
@@ -203,4 +199,5 @@ def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> R
         model=model, flat=flat, layout=layout, init_params=flat.detach().clone(),
         capacity=assign_tiers(cfg.data.clients, cfg.system.capacity, cfg.seed),
         local_steps=assign_local_steps(cfg.data.clients, cfg.train.local_steps, cfg.system.stragglers, cfg.system.straggler_steps, cfg.seed),
+        clock=build_clock(cfg.data.clients, cfg.system, cfg.seed),
     )

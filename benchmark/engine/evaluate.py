@@ -81,6 +81,47 @@ def sample_variants(cfg: RunConfig, method: methods.Method) -> tuple[str | None,
     return variants.label, dict(variants.others)
 
 
+def curve_metric(cfg: RunConfig) -> str:
+    """The metric of the quality curve (eval.every): the first ranking metric the run scores."""
+    from dfbench.benchmark.metrics import table
+
+    chosen = _metrics(cfg)
+    names = table.auto_metrics(cfg.data.dataset, inception_available=False) if chosen == "auto" else list(chosen)
+    ranked = [m for m in table.PRIMARY if m in names]
+    if not ranked:
+        raise ConfigError(f"eval.every={cfg.eval.every} draws a quality curve of a ranking metric, and eval.metrics="
+                          f"{cfg.eval.metrics!r} has none; add one of {list(table.PRIMARY)} or set eval.every=0")
+    return ranked[0]
+
+
+def curve_point(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor, round_: int,
+                totals: dict[str, Any]) -> dict[str, Any]:
+    """One quality-curve row: `curve_metric` of the model after round `round_` on the first
+    eval.curve_samples fixed noises (the final evaluation's first noises, its sampler), with the
+    run's cumulative uplink bits, client work and simulated seconds at that point.
+
+    It touches no random stream of training (fixed noises; a deterministic sampler; the bootstrap
+    interval has its own seeded generator) and leaves ctx.model in training mode, so a run with a
+    curve trains bitwise as one without."""
+    from dfbench.benchmark.metrics.scoring import MissingWeightsError, evaluate_samples
+
+    t0 = time.perf_counter()
+    metric = curve_metric(cfg)
+    noise = fixed_noise(cfg.eval.curve_samples, ctx.image_shape, base=cfg.eval.noise_seed)
+    samples = to_uint8(method.sample(params, noise, ctx).cpu())
+    try:
+        rows, _ = evaluate_samples(samples, cfg.data.dataset, metrics=[metric], reference_split=cfg.eval.reference_split,
+                                   data_root=cfg.data.root, device=cfg.device, seed=cfg.seed,
+                                   batch_size=cfg.eval.feature_batch, quality=False)
+    except MissingWeightsError as err:
+        raise ConfigError(f"eval.every needs {metric}'s network for its curve: {err}; or set eval.every=0") from None
+    row = next(r for r in rows if r["metric"] == metric)
+    return {"round": round_, "metric": metric, "value": float(row["value"]),
+            "ci_low": row.get("ci_low"), "ci_high": row.get("ci_high"), "num_samples": cfg.eval.curve_samples,
+            "uplink_bits": int(totals["uplink_bits"]), "client_images": round(float(totals.get("client_images", 0.0)), 3),
+            "sim_seconds": round(float(totals.get("sim_seconds", 0.0)), 6), "wall_seconds": round(time.perf_counter() - t0, 3)}
+
+
 def variant_samples_name(label: str) -> str:
     """The file of a sampling variant's samples: samples-<label>.npz beside samples.npz."""
     stem, dot, ext = runfolder.SAMPLES.rpartition(".")
@@ -199,6 +240,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "train_wall_seconds": round(float(totals["wall_seconds"]), 3),
         "eval_wall_seconds": round(eval_seconds, 3),
         "wall_seconds": round(float(totals["wall_seconds"]) + eval_seconds, 3),
+        "sim_seconds": round(float(totals.get("sim_seconds", 0.0)), 6),  # the simulated clock (engine/clock.py)
+        "client_images": round(float(totals.get("client_images", 0.0)), 3),  # client work, in full-model images
         "num_parameters": int(ctx.layout.total),
         "used_ema": ema is not None,
         "environment": runfolder.environment(cfg.device),

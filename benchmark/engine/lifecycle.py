@@ -4,7 +4,8 @@ run(cfg, out):
     lock the run folder (rank 0), decide: done / locked / run (every rank follows rank 0)
     build the context (data, partition, model), write config.json, partition.json, status running
     resume from the newest readable checkpoint, or start from the seeded initial state
-    for r in rounds: train_round (training.py) -> rounds.jsonl row, atomic checkpoint
+    for r in rounds: train_round (training.py), or the asynchronous driver's step (asynchronous.py,
+        train.driver=fedbuff; its state is checkpointed too) -> rounds.jsonl row, atomic checkpoint
     method.finalize, then evaluation (evaluate.py): samples, grid.png, metrics.json, status done
 Every way out leaves a status behind: done, diverged, failed (with the error), interrupted
 (SIGTERM, via `Interrupted`: the next run resumes it) or running (killed, Ctrl-C: resumed too).
@@ -27,6 +28,7 @@ from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
 from dfbench.benchmark.engine import distributed
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
+from dfbench.benchmark.engine.asynchronous import make_driver
 from dfbench.benchmark.engine.training import train_round
 
 
@@ -209,7 +211,9 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         ctx.model.compile()
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
-    totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None}
+    driver = make_driver(method, ctx)  # None: synchronous rounds (training.py); else FedBuff (asynchronous.py)
+    totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None,
+              "sim_seconds": 0.0, "client_images": 0.0}
     ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None
     # Every rank starts from rank 0's state: the resumed checkpoint (only rank 0 reads it) or
     # its fresh initial state (seeded, so equal anyway; the broadcast makes sure of it).
@@ -217,14 +221,22 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         ck if ck is not None else {"round": 0, "params": state.params, "extra": state.extra, "ema": ema, "totals": totals},
         ctx.device, what="the start-up broadcast of the run state")
     state = methods.ServerState(params=start["params"], extra=start["extra"])
-    ema, start_round, totals = start.get("ema"), start["round"] + 1, start["totals"]
+    if driver is not None:  # one process only (validated), so rank 0's checkpoint is the only one
+        driver.load(ck.get("driver") if ck is not None else None)
+    ema, start_round = start.get("ema"), start["round"] + 1
+    totals = {"sim_seconds": 0.0, "client_images": 0.0, **start["totals"]}  # (a checkpoint from before the clock)
     if ck is not None:  # (only rank 0 holds one)
         runfolder.truncate_rounds(d, ck["round"])
-    elif writer and (d / runfolder.ROUNDS).exists():
-        (d / runfolder.ROUNDS).unlink()
+        runfolder.truncate_rounds(d, ck["round"], runfolder.CURVE)
+    elif writer:
+        for name in (runfolder.ROUNDS, runfolder.CURVE):
+            (d / name).unlink(missing_ok=True)
+    curve = _curve(cfg, ctx, method, d) if writer and cfg.eval.every else None
+    if curve is not None and start_round == 1:
+        curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
-        state, row = train_round(method, state, ctx, r)
+        state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r)
         if writer and not owner():
             raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
                            f"e.g. it was paused); stopping without writing round {r}")
@@ -233,6 +245,9 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         row["gamma_star"] = totals["gamma_star"]
         for k in ("uplink_bits", "downlink_bits", "dropped_updates", "wall_seconds"):
             totals[k] += row[k]
+        totals["sim_seconds"] += row["round_seconds"]
+        totals["client_images"] += row["client_images"]
+        row["sim_seconds"] = round(totals["sim_seconds"], 6)  # simulated time at the end of the round
         if not _is_finite(state):
             if writer:
                 runfolder.append_round(d, {**row, "diverged": True})
@@ -241,8 +256,11 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
             ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
         if writer:
             runfolder.append_round(d, row)
+            if curve is not None and (r % cfg.eval.every == 0 or r == cfg.train.rounds):
+                curve(r, ema if ema is not None else state.params, totals)  # before the checkpoint: a resume redoes it
             if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds:
-                runfolder.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+                runfolder.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals,
+                                                 **({"driver": driver.state_dict()} if driver is not None else {})})
         if hasattr(bar, "set_postfix") and row["loss"] is not None:
             bar.set_postfix(loss=f"{row['loss']:.4f}")
     # No collective after the last round: the other ranks leave now, rank 0 finalizes
@@ -263,6 +281,16 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         raise OutOfMemory(eval_oom_message(cfg, err, rerun="rerun the same `dfbench run` (or `dfbench grid "
                                                           "--retry-failed`) with")) from err
     return d
+
+
+def _curve(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path) -> Callable[[int, torch.Tensor, dict[str, Any]], None]:
+    """curve(round, params, totals): append the quality-curve point of the model after `round`."""
+    from dfbench.benchmark.engine.evaluate import curve_point
+
+    def point(r: int, params: torch.Tensor, totals: dict[str, Any]) -> None:
+        runfolder.append_round(d, curve_point(cfg, ctx, method, params, r, totals), runfolder.CURVE)
+
+    return point
 
 
 def _progress(it: Any, enabled: bool, desc: str) -> Any:

@@ -2,9 +2,10 @@
 
 round r:
     sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
+    the clock: a client the deadline rules out before it trains is left out (clock.py)
     local training (the ONE shared step)  ->  local parameters from plan.start
         (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/engine/batched.py)
-    upload = method.upload(local)         ->  method.accumulate(acc, upload)
+    upload = method.upload(local)         ->  late (past the deadline)? dropped; else method.accumulate(acc, upload)
     all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
     diagnostics -> the rounds.jsonl row (the run's life cycle, lifecycle.py, writes it and checkpoints)
 """
@@ -59,6 +60,7 @@ class ClientStats:
     downlink_bits: int
     trained_params: int  # its sub-model's size (the full model by default)
     flop_fraction: float
+    seconds: float  # simulated: downlink + local work + uplink (benchmark/engine/clock.py)
 
 
 def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, torch.Tensor]:
@@ -98,45 +100,88 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     per_client: dict[int, ClientStats] = {}
     settings = StepSettings.of(cfg.train, round_lr(cfg.train, r))
     mine = distributed.my_share(clients, ctx.rank, ctx.world)
+    clock = ctx.clock
+    late: dict[int, float] = {}  # client -> its simulated seconds, past the deadline (its update is dropped)
+
+    def seconds_before_upload(k: int, plan: methods.ClientPlan) -> float:
+        return clock.before_upload(k, int(ctx.local_steps[k]), cfg.train.batch_size, float(plan.flop_fraction), plan.downlink_bits)
+
+    def late_before_training(k: int, plan: methods.ClientPlan) -> bool:
+        """The deadline rules the client out before it trains: it is not trained at all (same result)."""
+        if not clock.late(t := seconds_before_upload(k, plan)):
+            return False
+        late[k] = t
+        S.add("downlink_bits", plan.downlink_bits)  # the model was sent
+        return True
+
     batched_plans = batched_results = None
     if cfg.train.clients_mode == "batched":  # all plans first, then every client in lockstep (benchmark/engine/batched.py)
-        batched_plans = {k: method.client_view(state, k, ctx) for k in mine}
+        batched_plans = {k: plan for k in mine if not late_before_training(k, plan := method.client_view(state, k, ctx))}
         batched_results = batched.train_clients(ctx, batched_plans, r, settings)
     for k in mine:
         steps = int(ctx.local_steps[k])
         if batched_plans is not None and batched_results is not None:
+            if k in late:
+                continue
             plan, res = batched_plans.pop(k), batched_results.pop(k)  # pop: each client's tensors freed once accumulated
         else:
             plan = method.client_view(state, k, ctx)
+            if late_before_training(k, plan):
+                continue
             res = local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
                               ctx.get_objective(plan.step.objective), plan.step, settings, steps=steps, gen=ctx.gen("client", r, k))
         up = method.upload(res.params, plan, k, state, ctx)
-        S.add("uplink_bits", up.uplink_bits)
         S.add("downlink_bits", plan.downlink_bits)
+        seconds = clock.with_upload(seconds_before_upload(k, plan), up.uplink_bits)
+        if clock.late(seconds):  # late after its upload: trained, dropped
+            late[k] = seconds
+            continue
+        S.add("uplink_bits", up.uplink_bits)
         per_client[k] = ClientStats(steps=steps, loss=res.loss, uplink_bits=int(up.uplink_bits), downlink_bits=int(plan.downlink_bits),
                                     trained_params=int(plan.trained_params if plan.trained_params is not None else ctx.layout.total),
-                                    flop_fraction=float(plan.flop_fraction))
-        if not torch.isfinite(up.params).all():
-            S.add("nonfinite", 1)  # dropped from aggregation, counted (a diverging client must not poison the model)
-            continue
-        for mech in mechanisms:
-            up = mech.on_upload(up, plan, ctx)
-        method.accumulate(acc, up, ctx)
-        g = up.group
-        update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
-        acc["d_count"][g].add_(up.mask if up.mask is not None else 1.0)
-        acc["d_usum"][g].add_(update)
-        acc["d_usq"][g] += update.double().square().sum()
-        acc["d_n"][g] += 1
-        if plan.step.mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client
-            theta = state.params.reshape(-1, ctx.layout.total)[g]
-            S.add("w2", float((theta * (1 - plan.step.mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30)))
-        S.add("loss", res.loss)
-        if res.sigma1_sq is not None:
-            S.add("sigma1_sq", res.sigma1_sq)
-            S.add("sigma1_n", 1)
+                                    flop_fraction=float(plan.flop_fraction), seconds=seconds)
+        add_upload(method, acc, S, up, plan, res.loss, res.sigma1_sq, state, ctx, mechanisms)
     distributed.all_reduce_(acc, what=f"round {r}'s all_reduce")
     per_client = distributed.gather_dict(per_client, what=f"round {r}'s per-client gather")  # small; pickled
+    late = distributed.gather_dict(late, what=f"round {r}'s late-client gather")
+    round_seconds = clock.round_seconds([c.seconds for c in per_client.values()], bool(late))
+    state, row = close_round(method, state, acc, ctx, r, per_client, mechanisms)
+    row.update(dropped_clients=dropped, late_clients=sorted(late), round_seconds=round(round_seconds, 6),
+               wall_seconds=round(time.perf_counter() - t0, 4))
+    return state, row
+
+
+def add_upload(method: methods.Method, acc: dict[str, torch.Tensor], S: RoundSums, up: methods.Upload,
+               plan: methods.ClientPlan, loss: float, sigma1_sq: float | None, state: methods.ServerState,
+               ctx: RunContext, mechanisms: Sequence[methods.Mechanism] = ()) -> None:
+    """One decoded upload into the round's sums: the mechanisms, `method.accumulate`, and the loop's
+    diagnostics (a non-finite upload is dropped and counted). Shared by every driver."""
+    if not torch.isfinite(up.params).all():
+        S.add("nonfinite", 1)  # dropped from aggregation, counted (a diverging client must not poison the model)
+        return
+    for mech in mechanisms:
+        up = mech.on_upload(up, plan, ctx)
+    method.accumulate(acc, up, ctx)
+    g = up.group
+    update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
+    acc["d_count"][g].add_(up.mask if up.mask is not None else 1.0)
+    acc["d_usum"][g].add_(update)
+    acc["d_usq"][g] += update.double().square().sum()
+    acc["d_n"][g] += 1
+    if plan.step.mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client
+        theta = state.params.reshape(-1, ctx.layout.total)[g]
+        S.add("w2", float((theta * (1 - plan.step.mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30)))
+    S.add("loss", loss)
+    if sigma1_sq is not None:
+        S.add("sigma1_sq", sigma1_sq)
+        S.add("sigma1_n", 1)
+
+
+def close_round(method: methods.Method, state: methods.ServerState, acc: dict[str, torch.Tensor], ctx: RunContext, r: int,
+                per_client: dict[int, ClientStats], mechanisms: Sequence[methods.Mechanism] = ()) -> tuple[methods.ServerState, dict[str, Any]]:
+    """The server step on the (all-reduced) sums and the rounds.jsonl row of its diagnostics; the
+    driver adds what it knows (dropped and late clients, round and wall seconds)."""
+    S = RoundSums(acc)
     for mech in mechanisms:
         mech.on_aggregate(acc, ctx)
     state = method.apply(state, acc, ctx)
@@ -147,16 +192,22 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     usum, usq, nn_ = acc["d_usum"][active], acc["d_usq"][active], acc["d_n"][active]
     # sigma_2^2: mean over clients of ||delta_k - mean(delta)||^2 = E||delta||^2 - ||E delta||^2 (per group, pooled)
     sigma2 = float(((usq - usum.double().square().sum(1) / nn_).sum() / nn_.sum())) if n_ok >= 2 else None
+    ks = sorted(per_client)
     row = {
         "round": r,
-        "clients": sorted(per_client),
-        "steps": [per_client[k].steps for k in sorted(per_client)],
-        "client_loss": [_num(per_client[k].loss) for k in sorted(per_client)],
-        "client_uplink_bits": [per_client[k].uplink_bits for k in sorted(per_client)],
-        "client_downlink_bits": [per_client[k].downlink_bits for k in sorted(per_client)],
-        "trained_params": [per_client[k].trained_params for k in sorted(per_client)],  # sub-model size (full model by default)
-        "flop_fraction": [round(per_client[k].flop_fraction, 6) for k in sorted(per_client)],
-        "dropped_clients": dropped,
+        "clients": ks,
+        "steps": [per_client[k].steps for k in ks],
+        "client_loss": [_num(per_client[k].loss) for k in ks],
+        "client_uplink_bits": [per_client[k].uplink_bits for k in ks],
+        "client_downlink_bits": [per_client[k].downlink_bits for k in ks],
+        "trained_params": [per_client[k].trained_params for k in ks],  # sub-model size (full model by default)
+        "flop_fraction": [round(per_client[k].flop_fraction, 6) for k in ks],
+        "dropped_clients": [],
+        "client_seconds": [round(per_client[k].seconds, 6) for k in ks],  # simulated
+        "late_clients": [],  # past system.deadline: update dropped
+        "round_seconds": 0.0,
+        # client work: images through the full model (steps x batch x FLOP fraction), reported updates only
+        "client_images": round(sum(c.steps * ctx.cfg.train.batch_size * c.flop_fraction for c in per_client.values()), 3),
         "loss": float(S["loss"] / n_ok) if n_ok else None,
         "uplink_bits": int(S["uplink_bits"]),
         "downlink_bits": int(S["downlink_bits"]),
@@ -166,6 +217,6 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         "w2": float(S["w2"] / n_ok) if n_ok else 0.0,
         "sigma1_sq": float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
         "sigma2_sq": sigma2,
-        "wall_seconds": round(time.perf_counter() - t0, 4),
+        "wall_seconds": 0.0,
     }
     return state, row

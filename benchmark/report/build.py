@@ -36,7 +36,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
+def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, float] | None = None) -> dict[str, Path]:
     """Read every run under ``runs_dir`` and write the leaderboard, plots and mosaics to ``out_dir``.
 
     Returns the written files by name: ``leaderboard_md``, ``leaderboard_csv``,
@@ -44,14 +44,15 @@ def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
     ``inference_rules_csv`` when any run's evaluation names its sampling rules (pruning's
     inference rules: the result's and the others, which the leaderboard never ranks), and
     ``skipped`` (a text file listing every plot or mosaic that was skipped and why)
-    when anything was skipped.
+    when anything was skipped. `target` (metric, value): the leaderboard gives each setting's
+    simulated time to first reach that quality on its curve (eval.every).
     """
     from dfbench.benchmark.report.plots import make_plots  # matplotlib is heavy; import only when drawing
 
     root = Path(runs_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = collect(root)
+    data = collect(root, target)
     images: dict[str, Path] = {}
     notes: list[str] = []
 
@@ -62,7 +63,7 @@ def build_report(runs_dir: str | Path, out_dir: str | Path) -> dict[str, Path]:
         if path is not None:
             images[name] = path
 
-    plots, plot_notes = make_plots(data.runs, data.rounds, data.table, data.metrics, out / "plots")
+    plots, plot_notes = make_plots(data.runs, data.rounds, data.table, data.metrics, out / "plots", data.curves)
     images.update({f"plot_{k}": v for k, v in plots.items()})
     notes += [f"plot {k}: {v}" for k, v in plot_notes.items()]
     for note in notes:

@@ -59,12 +59,15 @@ def _fmt_seconds(seconds: Any) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def block_view(block: pd.DataFrame, metrics: Sequence[str],
-               higher: Iterable[str] = ()) -> tuple[list[str], list[list[str]], dict[str, str]]:
+def block_view(block: pd.DataFrame, metrics: Sequence[str], higher: Iterable[str] = (),
+               target: tuple[str, float] | None = None) -> tuple[list[str], list[list[str]], dict[str, str]]:
     """Headers, display rows and shared settings of one dataset/partition block.
 
     Metrics in `higher` (better when higher) get " ↑" in their header; a rank shared with
-    another setting (overlapping intervals) is written "1=".
+    another setting (overlapping intervals) is written "1=". "sim time" (the simulated clock)
+    appears when a run of the block recorded one; with `target` (metric, value) a column gives
+    the simulated time to first reach it on the quality curve: the mean over the seeds that
+    do, and "(k/n)" when not all of them do ("not reached" when none).
     """
     higher = set(higher)
     present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
@@ -74,8 +77,11 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str],
     shown_cfg += [c for c in varying if c not in shown_cfg]
     shared = {c[4:]: str(block[c].iloc[0]) for c in cfg_cols if c not in shown_cfg and c not in varying}
     drift = block["drift_mean"].notna().any() if "drift_mean" in block else False  # same-noise drift, when any run has it
+    sim = bool(block["sim_seconds_mean"].notna().any()) if "sim_seconds_mean" in block else False
+    reach = target is not None and "time_to_target_mean" in block
+    reach_header = [f"sim time to {target[0]} {'≥' if target[0] in higher else '≤'} {target[1]:g}"] if reach and target else []
     headers = ["rank", "method", "params", *[f"{m} ↑" if m in higher else m for m in present], *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
-               *[c[4:] for c in shown_cfg]]
+               *(["sim time"] if sim else []), *reach_header, *[c[4:] for c in shown_cfg]]
     rows: list[list[str]] = []
     for _, row in block.iterrows():
         ratio = row["compression_ratio"]
@@ -86,10 +92,19 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str],
             [rank, method, str(row["params"]), *[fmt_metric(row, m, int(row["n"])) for m in present],
              *([fmt_number(row["drift_mean"]) if not pd.isna(row["drift_mean"]) else ""] if drift else []),
              str(int(row["n"])), fmt_number(row["uplink_mb_mean"]), compression, _fmt_seconds(row["wall_seconds_mean"]),
+             *([_fmt_seconds(row["sim_seconds_mean"])] if sim else []), *([_fmt_reach(row)] if reach else []),
              *[fmt_number(row[c]) if isinstance(row[c], (int, float)) and not isinstance(row[c], bool) else str(row[c])
                for c in shown_cfg]]
         )
     return headers, rows, shared
+
+
+def _fmt_reach(row: pd.Series) -> str:
+    """The time-to-target cell: mean over the seeds that reached it, '(k/n)' if not all did."""
+    k, n = int(row.get("time_to_target_reached", 0) or 0), int(row["n"])
+    if k == 0:
+        return "not reached"
+    return _fmt_seconds(row["time_to_target_mean"]) + ("" if k == n else f" ({k}/{n})")
 
 
 def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:

@@ -130,6 +130,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "uplink_mb": uplink_bits / 8 / 1e6,
             "downlink_mb": to_float(metrics.get("downlink_bits")) / 8 / 1e6,
             "wall_seconds": to_float(metrics.get("wall_seconds")),
+            "sim_seconds": to_float(metrics.get("sim_seconds")),  # the simulated clock (absent before it: NaN)
             "rounds_done": to_float(metrics.get("rounds")),
             "gamma_star": to_float(metrics.get("gamma_star")),
             "w2_mean": w2_mean,
@@ -144,7 +145,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         for key, value in params.items():
             row[f"param.{key}"] = cell_value(value)
         for key, value in flatten_config({k: v for k, v in cfg.items() if k not in METHOD_KEYS | NOT_GROUPED}).items():
-            row[f"cfg.{key}"] = value
+            if not (key in LATER_NEUTRAL and value == LATER_NEUTRAL[key]):  # a later field at its neutral value: as before it
+                row[f"cfg.{key}"] = value
         run_rows.append(row)
         result = [e for e in metrics.get("evaluations", []) if not is_variant(e)]
         for key, entry in _metric_keys(result, rec.warnings):
@@ -180,6 +182,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
                 }
             )
     runs = pd.DataFrame(run_rows)
+    for key, neutral in LATER_NEUTRAL.items():  # runs without a later field ran with its neutral value
+        if f"cfg.{key}" in runs:
+            runs[f"cfg.{key}"] = runs[f"cfg.{key}"].astype(object).where(runs[f"cfg.{key}"].notna(), neutral)
     evals = pd.DataFrame(
         eval_rows, columns=["run_id", "group_key", "metric", "value", "std_err", "ci_low", "ci_high", "ci_method", "better",
                             "extractor", "extractor_sha256",
@@ -286,10 +291,12 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
             stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
             _interval_columns(row, grp, metric, values)
-        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
-            values = grp[col].dropna()
+        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
+            values = grp[col].dropna() if col in grp else pd.Series(dtype=float)
             row[f"{col}_mean"] = float(values.mean()) if len(values) else math.nan
             row[f"{col}_std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        if "time_to_target" in grp:  # seeds whose curve reached the target (the mean is over those)
+            row["time_to_target_reached"] = int(grp["time_to_target"].notna().sum())
         grids = grp["grid"].dropna()
         row["grid"] = grids.iloc[0] if len(grids) else None
         row["grid_seed"] = grp.loc[grids.index[0], "seed"] if len(grids) else None
@@ -381,6 +388,51 @@ def _sign(metric: str) -> float:
     return -1.0 if better(metric) == "higher" else 1.0
 
 
+CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "seed", "round", "metric", "value", "uplink_mb",
+                 "client_images", "sim_seconds"]
+
+
+def curve_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per quality-curve point (curve.jsonl, eval.every) of every run that has one."""
+    rows: list[dict[str, Any]] = []
+    setting = dict(zip(runs["run_id"], runs["setting"])) if len(runs) else {}
+    for rec in records:
+        cfg = rec.config
+        for p in rec.curve:
+            rows.append({"run_id": rec.run_id, "dataset": str(cfg["dataset"]), "partition": str(cfg["partition"]),
+                         "setting": setting.get(rec.run_id, str(cfg["method"])), "seed": cfg.get("seed"),
+                         "round": to_float(p.get("round")), "metric": p.get("metric"), "value": to_float(p.get("value")),
+                         "uplink_mb": to_float(p.get("uplink_bits")) / 8 / 1e6, "client_images": to_float(p.get("client_images")),
+                         "sim_seconds": to_float(p.get("sim_seconds"))})
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def parse_target(text: str) -> tuple[str, float]:
+    """`dfbench report --target fd_fmnist=300` -> ("fd_fmnist", 300.0); ValueError naming the fix."""
+    metric, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not sep or not metric or not math.isfinite(number):
+        raise ValueError(f"--target {text!r}: write METRIC=VALUE, e.g. fd_fmnist=300 (the quality whose simulated "
+                         "time to reach each run's curve reports)")
+    return metric.strip(), number
+
+
+def time_to_target(curves: pd.DataFrame, metric: str, value: float) -> dict[str, float]:
+    """run_id -> the simulated seconds of its first curve point at least as good as `value` on
+    `metric` (no interpolation between points); runs that never reach it are absent."""
+    higher = better(metric) == "higher"
+    out: dict[str, float] = {}
+    sub = curves[curves["metric"] == metric].sort_values("round")
+    for run_id, grp in sub.groupby("run_id", sort=False):
+        ok = grp[grp["value"] >= value] if higher else grp[grp["value"] <= value]
+        if len(ok):
+            out[str(run_id)] = float(ok["sim_seconds"].iloc[0])
+    return out
+
+
 @dataclass
 class ReportData:
     """Everything the writers need, as frames."""
@@ -395,16 +447,25 @@ class ReportData:
     hardware: list[str] = field(default_factory=list)  # distinct metrics.json environment.hardware
     # per run x sampling rule x metric, the result's rule and the others (`inference_frame`); never ranked
     inference: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INFERENCE_COLUMNS))
+    curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))  # `curve_frame`
+    target: tuple[str, float] | None = None  # --target: the quality whose time to reach the table reports
 
 
-def collect(runs_dir: str | Path) -> ReportData:
-    """Read all runs under ``runs_dir`` and build the per-run and per-setting tables."""
+def collect(runs_dir: str | Path, target: tuple[str, float] | None = None) -> ReportData:
+    """Read all runs under ``runs_dir`` and build the per-run and per-setting tables.
+
+    `target` (metric, value): each run's simulated time to first reach that quality on its
+    curve (`time_to_target`), averaged over the seeds that reach it (and how many do)."""
     records, failures = load_runs(runs_dir)
     runs, evals, rounds = runs_frame(records)
+    curves = curve_frame(records, runs)
+    if target is not None and len(runs):
+        runs["time_to_target"] = runs["run_id"].map(time_to_target(curves, *target)).astype(float)
     metrics = ordered_metrics(evals["metric"].unique()) if len(evals) else []
     table = aggregate(runs, metrics)
     warnings = [f"{rec.run_id}: {w}" for rec in records for w in rec.warnings]
     hardware = sorted({str(rec.metrics["environment"].get("hardware")) for rec in records
                        if isinstance(rec.metrics.get("environment"), dict)})
     return ReportData(runs=runs, evaluations=evals, rounds=rounds, table=table, metrics=metrics,
-                      failures=failures, warnings=warnings, hardware=hardware, inference=inference_frame(records, runs))
+                      failures=failures, warnings=warnings, hardware=hardware, inference=inference_frame(records, runs),
+                      curves=curves, target=target)

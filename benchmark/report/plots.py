@@ -204,8 +204,52 @@ def plot_metric_vs_w2(runs: pd.DataFrame, metrics: Sequence[str], path: Path) ->
     return _plot_vs_bound_term(runs, metrics, "w2_mean", "mean pruning extent w^2", path)
 
 
+CURVE_AXES = (("round", "round"), ("uplink_mb", "cumulative uplink (MB)"), ("client_images", "client work (full-model images)"),
+              ("sim_seconds", "simulated time (s)"))
+
+
+def plot_quality_curves(curves: pd.DataFrame, path: Path) -> Path | str:
+    """Quality curves (eval.every): the curve metric against round, cumulative uplink, client work
+    and simulated time; one row of panels per dataset / partition, one line per setting (mean over
+    seeds at each curve round, both axes averaged), band: ± 1 std over seeds."""
+    if curves.empty:
+        return f"no {runfolder.CURVE} (runs with eval.every > 0 draw one)"
+    df = curves.dropna(subset=["round", "value"]).assign(block=lambda f: f["dataset"] + " / " + f["partition"])
+    blocks = sorted(df["block"].unique())
+    fig, axes = plt.subplots(len(blocks), len(CURVE_AXES), figsize=(4.2 * len(CURVE_AXES), 3.4 * len(blocks)), squeeze=False)
+    settings = sorted(df["setting"].unique())
+    colors = dict(zip(settings, sns.color_palette("tab10" if len(settings) <= 10 else "husl", len(settings))))
+    for i, block in enumerate(blocks):
+        sub = df[df["block"] == block]
+        metric = str(sub["metric"].iloc[0])
+        for setting, grp in sub.groupby("setting", sort=True):
+            agg = grp.groupby("round").agg(**{f"{c}_x": (c, "mean") for c, _ in CURVE_AXES if c != "round"},
+                                           y=("value", "mean"), sd=("value", "std"), n=("value", "size")).reset_index()
+            agg["round_x"] = agg["round"]
+            for j, (col, _) in enumerate(CURVE_AXES):
+                ax = axes[i][j]
+                ax.plot(agg[f"{col}_x"], agg["y"], marker="o", ms=3, color=colors[setting], label=setting if j == 0 else None)
+                band = agg["sd"].fillna(0.0)
+                ax.fill_between(agg[f"{col}_x"], agg["y"] - band, agg["y"] + band, color=colors[setting], alpha=0.15, lw=0)
+        for j, (_, label) in enumerate(CURVE_AXES):
+            ax = axes[i][j]
+            ax.set_xlabel(label)
+            ax.set_ylabel(f"{metric} ({better(metric)} is better)")
+            ax.set_title(block, fontsize=9)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)), fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.text(0.01, -0.01 - 0.025 * math.ceil(len(labels) / 3), "mean over seeds at each curve round; band: ± 1 std over seeds; "
+             "round 0 is the untrained model", fontsize=8, color="#555", ha="left", va="top")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def make_plots(
-    runs: pd.DataFrame, rounds: pd.DataFrame, table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path
+    runs: pd.DataFrame, rounds: pd.DataFrame, table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path,
+    curves: pd.DataFrame | None = None,
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Draw every plot whose data exists; return (written plots, skipped plots with reasons)."""
     jobs: dict[str, Callable[[Path], Path | str]] = {
@@ -215,6 +259,7 @@ def make_plots(
         "loss_per_round": lambda p: plot_loss_per_round(rounds, p),
         "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(runs, metrics, p),
         "metric_vs_w2": lambda p: plot_metric_vs_w2(runs, metrics, p),
+        "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),
     }
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}

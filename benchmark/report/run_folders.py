@@ -37,6 +37,7 @@ class RunRecord:
     metrics: dict[str, Any]
     rounds: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    curve: list[dict[str, Any]] = field(default_factory=list)  # curve.jsonl (eval.every), read by the same rule
 
     @property
     def run_id(self) -> str:
@@ -168,7 +169,8 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
             raise _Unreadable(f"{runfolder.METRICS}: 'evaluations' is not a list")
     except _Unreadable as exc:
         return failure("unreadable", f"failed to read: {exc}")
-    return RunRecord(path=path, config=config, metrics=metrics, rounds=rounds, warnings=warnings)
+    curve, curve_warnings = runfolder.read_rounds_checked(path, runfolder.CURVE)
+    return RunRecord(path=path, config=config, metrics=metrics, rounds=rounds, warnings=warnings + curve_warnings, curve=curve)
 
 
 def _running_or_unfinished(path: Path, progress: str) -> tuple[str, str]:

@@ -50,7 +50,8 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
         return path
     metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n", "stderr", "ci_low", "ci_high", "ci_method")]
     cost_cols = ["uplink_mb_mean", "uplink_mb_std", "downlink_mb_mean", "compression_ratio", "compression_ref",
-                 "wall_seconds_mean", "wall_seconds_std", "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
+                 "wall_seconds_mean", "wall_seconds_std", "sim_seconds_mean", "time_to_target_mean", "time_to_target_reached",
+                 "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
                  "drift_mean", "drift_pixel_mean",
                  "dropped_updates_mean", "evaluation_notes"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
@@ -89,7 +90,7 @@ def write_markdown(data: ReportData, out_dir: Path, root: Path, images: Mapping[
     if data.hardware:
         lines += ["Hardware: " + "; ".join(data.hardware) + ".", ""]
     for (dataset, partition), block in blocks(data.table):
-        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations))
+        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations), data.target)
         primary = block["primary_metric"].iloc[0]
         lines += [f"## {block_title(dataset, partition)}", ""]
         lines.append(f"Ranked by **{primary}** ({better(primary, data.evaluations)} is better)." if primary
@@ -162,7 +163,7 @@ def write_html(data: ReportData, out_dir: Path, root: Path, images: Mapping[str,
         "except for metrics marked ↑.</p>",
     ]
     for (dataset, partition), block in blocks(data.table):
-        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations))
+        headers, rows, shared = block_view(block, data.metrics, higher_is_better(data.evaluations), data.target)
         primary = block["primary_metric"].iloc[0]
         parts.append(f"<h2>{esc(block_title(dataset, partition))}</h2>")
         parts.append(f"<p>Ranked by <b>{esc(primary)}</b> ({better(primary, data.evaluations)} is better).</p>" if primary
