@@ -232,7 +232,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         for name in (runfolder.ROUNDS, runfolder.CURVE):
             (d / name).unlink(missing_ok=True)
     curve = _curve(cfg, ctx, method, d) if writer and cfg.eval.every else None
-    if curve is not None and start_round == 1:
+    if curve is not None and ck is None:  # (a checkpoint, even of round 0, comes after this point)
         curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
