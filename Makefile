@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose pap
 	$(BIN)/dfbench report --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules && \
 	$(BIN)/python -m dfbench.benchmark.report.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
 	$(BIN)/python scripts/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
+
+bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at keep 0.5 scored by fd_fmnist and by training loss, on paper-fmnist's runs (~12 min; run bench-paper-fmnist first), results in results/paper-fmnist/rule_losses/
+	OMP_NUM_THREADS=2 $(BIN)/python scripts/rule_losses.py --runs results/paper-fmnist/runs --out results/paper-fmnist/rule_losses --keep 0.5
 
 bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~55 min on 2 cores), results in results/cpu-aggregation/
 	@# one torch thread per worker, as for the committed numbers; the server learning rates in the

@@ -120,25 +120,21 @@ def print_row(text: str, values: dict[str, float]) -> None:
     print(f"{text:40s} " + "  ".join(f"{k}={v:.4g}" for k, v in values.items()), flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="a finished run folder of random_prune or topk_prune")
-    ap.add_argument("--rule", action="append", required=True, help="full | scaled | submodel[:KEY=VALUE,...] (repeatable)")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--loss", type=int, default=0, metavar="N", help="also each rule's training loss on N training images (0 = off)")
-    args = ap.parse_args()
-    cfg = RunConfig.from_dict(runfolder.read_json(args.run / "config.json"))
+def rescore(run: Path, rules: list[str], out: Path, loss: int = 0) -> dict[str, dict[str, float]]:
+    """Rule text -> {metric: value} (and "loss" with loss > 0) for the run's final model; writes
+    OUT/<rule>/samples.npz + grid.png and OUT/rescore.json."""
+    cfg = RunConfig.from_dict(runfolder.read_json(run / "config.json"))
     pruner = cfg.method in ("random_prune", "topk_prune")
-    if not pruner and set(args.rule) != {"full"}:
-        raise SystemExit(f"{args.run} is a {cfg.method!r} run; inference rules belong to random_prune and topk_prune "
+    if not pruner and set(rules) != {"full"}:
+        raise SystemExit(f"{run} is a {cfg.method!r} run; inference rules belong to random_prune and topk_prune "
                          "(another run takes --rule full alone: its model as it is, e.g. a FedAvg reference for --loss)")
-    ck = runfolder.load_checkpoint(args.run)
+    ck = runfolder.load_checkpoint(run)
     if ck is None or ck["round"] != cfg.train.rounds:
-        raise SystemExit(f"{args.run} has no final checkpoint (round {cfg.train.rounds}); finish the run first")
+        raise SystemExit(f"{run} has no final checkpoint (round {cfg.train.rounds}); finish the run first")
     params = ck["ema"] if ck.get("ema") is not None else ck["params"]
     ctx = build_context(cfg)
     table: dict[str, dict[str, float]] = {}
-    for text in args.rule:
+    for text in rules:
         mode, extra = parse_rule(text)
         only = extra.pop("only", None)
         if mode == "ensemble":
@@ -148,10 +144,10 @@ def main() -> None:
             draws = int(extra.pop("draws", "1"))
             if extra:
                 raise SystemExit(f"unknown ensemble options {sorted(extra)}; allowed: draws")
-            table[text] = write_and_score(cfg, ctx, args.out, text, ensemble_samples(cfg, ctx, method, params, draws))
-            if args.loss:
+            table[text] = write_and_score(cfg, ctx, out, text, ensemble_samples(cfg, ctx, method, params, draws))
+            if loss:
                 net = MaskEnsemble(ctx, params, method.sampling_keep(ctx), method.prunable(ctx.layout), draws)
-                table[text]["loss"] = rule_loss(ctx, net, None, args.loss)
+                table[text]["loss"] = rule_loss(ctx, net, None, loss)
             print_row(text, table[text])
             continue
         rule = {"inference": mode, **extra} if pruner else {}
@@ -165,13 +161,24 @@ def main() -> None:
                 if name.startswith(only):
                     used[sl] *= c
             method = methods.create_method(cfg.method, **{**dict(cfg.method_params), "inference": "full"})
-        table[text] = write_and_score(cfg, ctx, args.out, text, generate(cfg, ctx, method, used))
-        if args.loss:
+        table[text] = write_and_score(cfg, ctx, out, text, generate(cfg, ctx, method, used))
+        if loss:
             sampled = method.inference_params(used, ctx) if pruner else used
-            table[text]["loss"] = rule_loss(ctx, ctx.model, sampled, args.loss)
+            table[text]["loss"] = rule_loss(ctx, ctx.model, sampled, loss)
         print_row(text, table[text])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rescore.json").write_text(json.dumps({"run": str(args.run), "method": cfg.method, "rules": table}, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rescore.json").write_text(json.dumps({"run": str(run), "method": cfg.method, "rules": table}, indent=2))
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="a finished run folder of random_prune or topk_prune")
+    ap.add_argument("--rule", action="append", required=True, help="full | scaled | submodel[:KEY=VALUE,...] (repeatable)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--loss", type=int, default=0, metavar="N", help="also each rule's training loss on N training images (0 = off)")
+    args = ap.parse_args()
+    rescore(args.run, args.rule, args.out, args.loss)
 
 
 if __name__ == "__main__":

@@ -243,6 +243,23 @@ def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model
         _rescore(runs["topk_prune"], tmp_path / "t", ["ensemble:draws=2"], monkeypatch)
 
 
+def test_rule_losses_scores_every_rule_of_the_keep_ratio_and_fedavg(runs, tmp_path, synthetic_loads, monkeypatch):
+    script = load_script("rule_losses")
+    root = runs["fedavg"].parents[3]  # the "on" root: fedavg, both pruners at 0.5, random_prune at keep 1.0
+    monkeypatch.setattr(sys, "argv", ["rule_losses.py", "--runs", str(root), "--out", str(tmp_path / "o"), "--keep", "0.5",
+                                      "--loss", "16"])
+    script.main()
+    frame = pd.read_csv(tmp_path / "o" / "rule_losses.csv")
+    got = {(f, r) for f, r in zip(frame["family"], frame["rule"])}
+    assert got == {("fedavg", "full"), *(("random", r) for r in ("full", "scaled", "submodel", "ensemble:draws=4")),
+                   *(("top-k", r) for r in ("submodel", "full", "scaled"))}  # keep 1.0 is left out
+    # each row is what the rescore of that run computes on its own
+    table = _rescore(runs["random_prune"], tmp_path / "again", ["scaled"], monkeypatch, "--loss", "16")
+    row = frame[(frame["family"] == "random") & (frame["rule"] == "scaled")].iloc[0]
+    assert row["loss"] == pytest.approx(table["scaled"]["loss"]) and row["fd_fmnist"] == pytest.approx(table["scaled"]["fd_fmnist"])
+    assert (tmp_path / "o" / "random_rules.png").is_file() and "| random | 0.5 | `scaled` |" in (tmp_path / "o" / "rule_losses.md").read_text()
+
+
 def test_dfbench_eval_rescores_every_saved_rule_and_leaves_out_a_missing_one(runs, tmp_path, synthetic_loads):
     d = tmp_path / "run"
     shutil.copytree(runs["random_prune"], d)
