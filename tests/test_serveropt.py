@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +18,6 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
 
-TESTS = Path(__file__).parent
 
 
 def _fake_ctx(p: int, sizes: list[int]) -> SimpleNamespace:
@@ -142,13 +139,12 @@ def test_batched_clients_give_the_same_server_step(tmp_path, tiny_data):
 def sigkill_then_resume(tmp_path: Path, data: Any, over: dict[str, Any], kill_at: int = 2) -> tuple[Path, Path]:
     """Run `over` uninterrupted, and again killed by SIGKILL after logging round `kill_at` (before
     its checkpoint), then resumed; returns (reference folder, resumed folder)."""
-    from test_resume import KILL_SCRIPT
+    from helpers import run_then_sigkill
 
     cfg = tiny_config(over=over)
     ref = run(cfg, tmp_path / "ref", data=data, progress=False)
     out = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=str(TESTS)), str(out), str(kill_at), json.dumps(over)],
-                          cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+    proc = run_then_sigkill(out, over, kill_at)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     d = runfolder.run_dir(out, cfg)
     assert runfolder.load_checkpoint(d)["round"] == kill_at - 1
