@@ -134,3 +134,16 @@ def test_report_cli_refuses_a_bad_target_before_writing_anything(tmp_path, capsy
 
     assert main(["report", "--runs", str(tmp_path / "none"), "--out", str(tmp_path / "out"), "--target", "fd=abc"]) == 2
     assert "METRIC=VALUE" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_curve_lines_are_told_apart_by_the_config_the_method_does_not_name():
+    import pandas as pd
+
+    from dfbench.benchmark.report.frames import curve_labels
+
+    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "dataset": "fmnist", "partition": "iid", "setting": ["fedavg", "fedavg", "fedavg"],
+                         "cfg.driver": ["sync", "fedbuff", "sync"], "cfg.buffer": [0.0, 2.0, 0.0], "cfg.rounds": [4, 4, 4],
+                         "cfg.seed": [0, 0, 1]})
+    labels = curve_labels(runs)
+    assert labels["a"] == labels["c"] == "fedavg (driver=sync, buffer=0)"  # seeds are not a setting
+    assert labels["b"] == "fedavg (driver=fedbuff, buffer=2)"

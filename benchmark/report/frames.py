@@ -388,19 +388,43 @@ def _sign(metric: str) -> float:
     return -1.0 if better(metric) == "higher" else 1.0
 
 
-CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "seed", "round", "metric", "value", "uplink_mb",
-                 "client_images", "sim_seconds"]
+CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "label", "group_key", "seed", "round", "metric", "value",
+                 "uplink_mb", "client_images", "sim_seconds"]
+
+
+def curve_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """run_id -> its setting, plus the config keys that tell settings of one block apart (a
+    driver, a buffer, a deadline: what the method and its hyperparameters do not say)."""
+    out: dict[str, str] = {}
+    if runs.empty:
+        return out
+    for _, block in runs.groupby(["dataset", "partition"], sort=False):
+        cfg_cols = [c for c in block.columns if c.startswith("cfg.") and c != "cfg.seed"]
+        varying = [c for c in cfg_cols if block[c].astype(str).nunique(dropna=False) > 1]
+        def shown(v: Any) -> str:  # pandas turns int columns with gaps into floats; "" is "none"
+            return str(int(v)) if isinstance(v, float) and v.is_integer() else (str(v) if str(v) != "" else "none")
+
+        for _, row in block.iterrows():
+            extra = ", ".join(f"{c[4:]}={shown(row[c])}" for c in varying)
+            out[str(row["run_id"])] = f"{row['setting']} ({extra})" if extra else str(row["setting"])
+    return out
 
 
 def curve_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per quality-curve point (curve.jsonl, eval.every) of every run that has one."""
+    """One row per quality-curve point (curve.jsonl, eval.every) of every run that has one; `label`
+    names its setting apart from the block's others, `group_key` is the setting (seeds pooled)."""
     rows: list[dict[str, Any]] = []
+    with_curve = runs[runs["run_id"].isin({rec.run_id for rec in records if rec.curve})] if len(runs) else runs
+    labels = curve_labels(with_curve)
     setting = dict(zip(runs["run_id"], runs["setting"])) if len(runs) else {}
+    group = dict(zip(runs["run_id"], runs["group_key"])) if len(runs) else {}
     for rec in records:
         cfg = rec.config
         for p in rec.curve:
             rows.append({"run_id": rec.run_id, "dataset": str(cfg["dataset"]), "partition": str(cfg["partition"]),
-                         "setting": setting.get(rec.run_id, str(cfg["method"])), "seed": cfg.get("seed"),
+                         "setting": setting.get(rec.run_id, str(cfg["method"])),
+                         "label": labels.get(rec.run_id, setting.get(rec.run_id, str(cfg["method"]))),
+                         "group_key": group.get(rec.run_id, rec.run_id), "seed": cfg.get("seed"),
                          "round": to_float(p.get("round")), "metric": p.get("metric"), "value": to_float(p.get("value")),
                          "uplink_mb": to_float(p.get("uplink_bits")) / 8 / 1e6, "client_images": to_float(p.get("client_images")),
                          "sim_seconds": to_float(p.get("sim_seconds"))})

@@ -217,12 +217,12 @@ def plot_quality_curves(curves: pd.DataFrame, path: Path) -> Path | str:
     df = curves.dropna(subset=["round", "value"]).assign(block=lambda f: f["dataset"] + " / " + f["partition"])
     blocks = sorted(df["block"].unique())
     fig, axes = plt.subplots(len(blocks), len(CURVE_AXES), figsize=(4.2 * len(CURVE_AXES), 3.4 * len(blocks)), squeeze=False)
-    settings = sorted(df["setting"].unique())
+    settings = sorted(df["label"].unique())
     colors = dict(zip(settings, sns.color_palette("tab10" if len(settings) <= 10 else "husl", len(settings))))
     for i, block in enumerate(blocks):
         sub = df[df["block"] == block]
         metric = str(sub["metric"].iloc[0])
-        for setting, grp in sub.groupby("setting", sort=True):
+        for (_, setting), grp in sub.groupby(["group_key", "label"], sort=True):  # one line per setting, seeds pooled
             agg = grp.groupby("round").agg(**{f"{c}_x": (c, "mean") for c, _ in CURVE_AXES if c != "round"},
                                            y=("value", "mean"), sd=("value", "std"), n=("value", "size")).reset_index()
             agg["round_x"] = agg["round"]
@@ -237,10 +237,11 @@ def plot_quality_curves(curves: pd.DataFrame, path: Path) -> Path | str:
             ax.set_ylabel(f"{metric} ({better(metric)} is better)")
             ax.set_title(block, fontsize=9)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)), fontsize=7, frameon=False)
+    fig.suptitle("quality curves: mean over seeds at each curve round, band ± 1 std over seeds; round 0 is the untrained model",
+                 fontsize=9, color="#555")
     fig.tight_layout()
-    fig.text(0.01, -0.01 - 0.025 * math.ceil(len(labels) / 3), "mean over seeds at each curve round; band: ± 1 std over seeds; "
-             "round 0 is the untrained model", fontsize=8, color="#555", ha="left", va="top")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1 if len(labels) > 4 else len(labels),
+               fontsize=7, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     plt.close(fig)
