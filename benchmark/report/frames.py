@@ -292,7 +292,9 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
             _interval_columns(row, grp, metric, values)
         for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
-            values = grp[col].dropna() if col in grp else pd.Series(dtype=float)
+            if col not in grp:  # time_to_target: only with a --target
+                continue
+            values = grp[col].dropna()
             row[f"{col}_mean"] = float(values.mean()) if len(values) else math.nan
             row[f"{col}_std"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
         if "time_to_target" in grp:  # seeds whose curve reached the target (the mean is over those)
