@@ -210,6 +210,23 @@ def test_cost_estimate_matches_a_hand_count():
     assert cost.cpu_seconds > 0
 
 
+def test_cost_estimate_counts_fedbuff_buffers_deadline_drops_and_curve_points():
+    from helpers import tiny_config
+
+    base = {"train.rounds": 6, "train.local_steps": 10, "data.clients": 4}
+    # FedBuff: a server step applies K = 2 reports, not every client's
+    cost = P.estimate_cost(tiny_config(over={**base, "train.driver": "fedbuff", "train.buffer": 2}))
+    assert cost.sample_grads == 6 * 2 * 10 * 8
+    # half the clients 4x slower: 10 x 8 / (100 x 0.25) = 3.2 s misses a 1 s deadline and is never trained
+    # (fast: 0.8 s), so 2 of 4 clients per round
+    slow = {**base, "system.speed": "1.0:0.5,0.25:0.5", "system.deadline": 1.0}
+    assert P.estimate_cost(tiny_config(over=slow)).sample_grads == 6 * 2 * 10 * 8
+    assert P.estimate_cost(tiny_config(over={**slow, "system.deadline": 4.0})).sample_grads == 6 * 4 * 10 * 8
+    # curve points at rounds 0, 4 and 6 (the last) on 5 noises, ddim 3 steps, beside the final 16 samples
+    curve = P.estimate_cost(tiny_config(over={**base, "eval.every": 4, "eval.curve_samples": 5, "eval.metrics": "auto"}))
+    assert curve.eval_forwards == 16 * 3 + 3 * 5 * 3
+
+
 def test_dry_run_lists_cells_and_cost_and_creates_nothing(tmp_path, capsys):
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0, 1, 2]})
     out = tmp_path / "runs"

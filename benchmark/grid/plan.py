@@ -147,12 +147,25 @@ def estimate_cost(cfg: RunConfig) -> CellCost:
     from dfbench.benchmark.engine.model import resolve_preset
 
     n, t, s = cfg.data.clients, cfg.train, cfg.system
-    per_round = max(1, int(round(s.participation * n))) * (1 - s.dropout)  # as sample_round_clients
+    if t.driver == "fedbuff":  # a server step applies `buffer` reports (0 = concurrency, 0 = every client)
+        per_round = float(t.buffer or t.concurrency or n)
+    else:
+        per_round = max(1, int(round(s.participation * n))) * (1 - s.dropout)  # as sample_round_clients
+        if s.deadline > 0:  # clients whose full-model compute alone misses the deadline are not trained
+            from dfbench.benchmark.engine.clock import build_clock
+
+            clock = build_clock(n, s, cfg.seed)
+            on_time = sum(clock.compute_seconds(k, t.local_steps, t.batch_size, 1.0) <= s.deadline for k in range(n))
+            per_round *= on_time / n
     slow = int(round(s.stragglers * n))
     mean_steps = ((n - slow) * t.local_steps + slow * max(1, math.ceil(s.straggler_steps * t.local_steps))) / n
     grads = t.rounds * per_round * mean_steps * t.batch_size
     sampler = cfg.eval.sampler if cfg.eval.sampler != "auto" else default_sampler(t.objective)
-    forwards = cfg.eval.samples * cfg.eval.sampler_steps * (2 if sampler == "heun" else 1)
+    nfe = cfg.eval.sampler_steps * (2 if sampler == "heun" else 1)
+    forwards = cfg.eval.samples * nfe
+    if cfg.eval.every > 0 and t.rounds > 0:  # quality-curve points: round 0, every `every` rounds, the last
+        points = 1 + t.rounds // cfg.eval.every + (1 if t.rounds % cfg.eval.every else 0)
+        forwards += points * cfg.eval.curve_samples * nfe
     ms = CPU_MS_PER_SAMPLE_GRAD.get(resolve_preset(t.model, cfg.data.dataset), 67.0)
     return CellCost(grads, forwards, (grads + FORWARD_FRACTION * forwards) * ms / 1000)
 
