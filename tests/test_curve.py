@@ -145,5 +145,13 @@ def test_curve_lines_are_told_apart_by_the_config_the_method_does_not_name():
                          "cfg.driver": ["sync", "fedbuff", "sync"], "cfg.buffer": [0.0, 2.0, 0.0], "cfg.rounds": [4, 4, 4],
                          "cfg.seed": [0, 0, 1]})
     labels = curve_labels(runs)
-    assert labels["a"] == labels["c"] == "fedavg (driver=sync, buffer=0)"  # seeds are not a setting
+    # the block's usual values (driver=sync, buffer=0: two runs of three) go unsaid; seeds are not a setting
+    assert labels["a"] == labels["c"] == "fedavg"
     assert labels["b"] == "fedavg (driver=fedbuff, buffer=2)"
+    # a third setting differing from the usual one in another key is named by that key alone
+    runs = pd.concat([runs, pd.DataFrame({"run_id": ["d", "e"], "dataset": "fmnist", "partition": "iid",
+                                          "setting": "fedavg", "cfg.driver": "sync", "cfg.buffer": 0.0,
+                                          "cfg.rounds": 8, "cfg.seed": [0, 1]})], ignore_index=True)
+    labels = curve_labels(runs)
+    assert labels["d"] == labels["e"] == "fedavg (rounds=8)" and labels["b"] == "fedavg (driver=fedbuff, buffer=2)"
+    assert labels["a"] == "fedavg"

@@ -7,6 +7,7 @@ ranked leaderboard table that the writers, mosaics and plots draw from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import LATER_FIELDS
+from dfbench.benchmark.core.config import LATER_FIELDS, DataConfig, EvalConfig, SystemConfig, TrainConfig
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
@@ -29,6 +30,7 @@ from dfbench.benchmark.report.run_folders import (
     flatten_config,
     format_params,
     load_runs,
+    normalize_config,
     parse_alpha,
     to_float,
 )
@@ -52,6 +54,16 @@ NOT_GROUPED: frozenset[str] = frozenset(
 LATER_NEUTRAL: dict[str, Any] = {key.rpartition(".")[2]: value for key, value in LATER_FIELDS.items()}
 # Keys that say *what* is compared inside a block rather than under which budget.
 METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "method_params"})
+
+
+def _config_defaults() -> dict[str, Any]:
+    """Leaf name -> default of the config sections (as normalize_config names a run's keys)."""
+    sections = {name: dataclasses.asdict(cls()) for name, cls in
+                (("data", DataConfig), ("train", TrainConfig), ("system", SystemConfig), ("eval", EvalConfig))}
+    return normalize_config(sections)
+
+
+CONFIG_DEFAULTS: dict[str, Any] = _config_defaults()
 
 
 def _canonical(mapping: Mapping[str, Any]) -> str:
@@ -131,6 +143,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "downlink_mb": to_float(metrics.get("downlink_bits")) / 8 / 1e6,
             "wall_seconds": to_float(metrics.get("wall_seconds")),
             "sim_seconds": to_float(metrics.get("sim_seconds")),  # the simulated clock (absent before it: NaN)
+            "client_images": to_float(metrics.get("client_images")),  # reported client work, full-model images
             "rounds_done": to_float(metrics.get("rounds")),
             "gamma_star": to_float(metrics.get("gamma_star")),
             "w2_mean": w2_mean,
@@ -396,18 +409,33 @@ CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "label", "group_ke
 
 def curve_labels(runs: pd.DataFrame) -> dict[str, str]:
     """run_id -> its setting, plus the config keys that tell settings of one block apart (a
-    driver, a buffer, a deadline: what the method and its hyperparameters do not say)."""
+    driver, a buffer, a deadline: what the method and its hyperparameters do not say).
+
+    A key that varies in the block is named only where it differs from the block's most common
+    value (most runs; a tie goes to the config default, else to the first value seen), so the usual setting reads as just its method,
+    e.g. "fedavg" beside "fedavg (driver=fedbuff, buffer=2)"; two settings still get two labels."""
     out: dict[str, str] = {}
     if runs.empty:
         return out
     for _, block in runs.groupby(["dataset", "partition"], sort=False):
         cfg_cols = [c for c in block.columns if c.startswith("cfg.") and c != "cfg.seed"]
         varying = [c for c in cfg_cols if block[c].astype(str).nunique(dropna=False) > 1]
+        def most_common(col: str, values: pd.Series) -> str:
+            counts: dict[str, int] = {}
+            for v in values.astype(str):
+                counts[v] = counts.get(v, 0) + 1
+            top = max(counts.values())
+            tied = [v for v, n in counts.items() if n == top]
+            default = CONFIG_DEFAULTS.get(col[4:])
+            return str(default) if default is not None and str(default) in tied else tied[0]
+
+        usual = {c: most_common(c, block[c]) for c in varying}
+
         def shown(v: Any) -> str:  # pandas turns int columns with gaps into floats; "" is "none"
             return str(int(v)) if isinstance(v, float) and v.is_integer() else (str(v) if str(v) != "" else "none")
 
         for _, row in block.iterrows():
-            extra = ", ".join(f"{c[4:]}={shown(row[c])}" for c in varying)
+            extra = ", ".join(f"{c[4:]}={shown(row[c])}" for c in varying if str(row[c]) != usual[c])
             out[str(row["run_id"])] = f"{row['setting']} ({extra})" if extra else str(row["setting"])
     return out
 
