@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -83,6 +83,13 @@ bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under
 	$(BIN)/python scripts/cpu_recipe.py grid
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-recipe/cpu-recipe.toml --download --workers $(CPU_WORKERS) --out results/cpu-recipe/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/python scripts/cpu_recipe.py table && exit $$status
+
+bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simulated clock: sync/deadline/pruning/HeteroFL/FedBuff, 3 seeds (~45 min on 2 cores), results in results/cpu-stragglers/
+	@# one torch thread per worker, as for the committed numbers; the pruning cells' inference rule
+	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
+	$(BIN)/python -m dfbench.benchmark.report.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
