@@ -16,6 +16,10 @@ from . import quantized  # noqa: F401,E402
 from . import serveropt  # noqa: F401,E402
 from . import scaffold  # noqa: F401,E402
 from . import heterofl  # noqa: F401,E402
+from . import topk_update  # noqa: F401,E402
+from . import signsgd  # noqa: F401,E402
+from . import qsgd  # noqa: F401,E402
+from . import powersgd  # noqa: F401,E402
 
 __all__ = [
     "ClientPlan", "LocalStep", "Mechanism", "Method", "ServerState", "Upload", "masked_weighted_mean",

@@ -26,7 +26,7 @@ non-finite scale, the server cannot decode it, and the loop drops it and counts 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
@@ -44,6 +44,8 @@ RESIDUAL_KEY = "ef_residual"
 @register_method("quantized")
 class Quantized(Method):
     """FedAvg with b-bit uniform min-max quantised uplink updates (per tensor)."""
+
+    family: ClassVar[str | None] = "compression"  # with topk_update, signsgd, qsgd, powersgd
 
     @dataclass(frozen=True)
     class Config:
