@@ -404,7 +404,7 @@ def _sign(metric: str) -> float:
 
 
 CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "label", "group_key", "seed", "round", "metric", "value",
-                 "uplink_mb", "client_images", "sim_seconds"]
+                 "uplink_mb", "client_images", "sim_seconds", "num_samples"]
 
 
 def curve_labels(runs: pd.DataFrame) -> dict[str, str]:
@@ -457,7 +457,7 @@ def curve_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.DataFram
                          "group_key": group.get(rec.run_id, rec.run_id), "seed": cfg.get("seed"),
                          "round": to_float(p.get("round")), "metric": p.get("metric"), "value": to_float(p.get("value")),
                          "uplink_mb": to_float(p.get("uplink_bits")) / 8 / 1e6, "client_images": to_float(p.get("client_images")),
-                         "sim_seconds": to_float(p.get("sim_seconds"))})
+                         "sim_seconds": to_float(p.get("sim_seconds")), "num_samples": to_float(p.get("num_samples"))})
     return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 

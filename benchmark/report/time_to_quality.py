@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.metrics.uncertainty import t_interval
-from dfbench.benchmark.report.frames import better, collect, curve_labels, higher_is_better, primary_metric
+from dfbench.benchmark.report.frames import CONFIG_DEFAULTS, better, collect, curve_labels, higher_is_better, primary_metric
 
 COLUMNS = ["dataset", "partition", "label", "seeds", "final", "final_diff", "final_low", "final_high", "final_verdict",
            "sim_seconds", "client_images", "target_fraction", "target", "reached", "seconds_to_target",
@@ -39,11 +38,10 @@ COLUMNS = ["dataset", "partition", "label", "seeds", "final", "final_diff", "fin
 def default_reference(runs: pd.DataFrame, labels: dict[str, str]) -> str:
     """The label of plain synchronous FedAvg: setting `fedavg`, sync driver, no deadline, no tiers."""
     def plain(row: pd.Series) -> bool:
-        def neutral(col: str, *values: Any) -> bool:
-            v = row.get(col)
-            return v is None or (isinstance(v, float) and math.isnan(v)) or v in values
-        return (row["setting"] == "fedavg" and neutral("cfg.driver", "sync") and neutral("cfg.deadline", 0, 0.0)
-                and neutral("cfg.capacity", ""))
+        def neutral(key: str) -> bool:  # absent (a run made before the key) or at the config default
+            v = row.get(f"cfg.{key}")
+            return v is None or (isinstance(v, float) and math.isnan(v)) or v == CONFIG_DEFAULTS[key]
+        return row["setting"] == "fedavg" and all(neutral(k) for k in ("driver", "deadline", "capacity"))
 
     trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
     found = sorted({labels[str(r["run_id"])] for _, r in trained.iterrows() if plain(r) and str(r["run_id"]) in labels})
@@ -195,7 +193,7 @@ def write(runs_dir: str | Path, out: str | Path, reference: str | None = None,
     if data.curves.empty:
         raise ValueError(f"no quality curves under {runs_dir}: the runs need eval.every > 0")
     curve_metric = str(data.curves["metric"].mode().iloc[0])
-    samples = sorted({str(int(n)) for n in _curve_samples(runs_dir)}) or ["?"]
+    samples = sorted({str(int(n)) for n in data.curves["num_samples"].dropna()}) or ["?"]
     table = time_to_quality_table(data.runs, data.curves, metric, curve_metric, reference, fractions,
                                   metric in higher_is_better(data.evaluations))
     out = Path(out)
@@ -204,13 +202,6 @@ def write(runs_dir: str | Path, out: str | Path, reference: str | None = None,
     md.write_text(to_markdown(table, metric, curve_metric, "/".join(samples)))
     table.to_csv(csv, index=False)
     return [md, csv]
-
-
-def _curve_samples(runs_dir: str | Path) -> set[float]:
-    from dfbench.benchmark.report.run_folders import load_runs
-
-    records, _ = load_runs(runs_dir)
-    return {float(p["num_samples"]) for rec in records for p in rec.curve if isinstance(p.get("num_samples"), (int, float))}
 
 
 def _fractions(text: str) -> tuple[float, ...]:
