@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -90,6 +90,13 @@ bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simu
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
 	$(BIN)/python -m dfbench.benchmark.report.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
+
+bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
+	@# one torch thread per worker, as for the committed numbers
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-compression --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression && \
+	$(BIN)/python -m dfbench.benchmark.report.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
+	$(BIN)/python -m dfbench.benchmark.report.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
