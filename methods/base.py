@@ -40,10 +40,13 @@ protocol instead of leaking into the round):
     `Upload.staleness` (server versions applied since then) before `accumulate`, which
     may weight by it. The synchronous round leaves both at 0.
 (c) Mechanisms that apply to every method (clipping each client's update and noising
-    the aggregate for differential privacy, a simulated clock): a `Mechanism` wraps the
-    accumulation from outside -- `on_upload` sees each decoded Upload (with its plan)
-    before `accumulate`, `on_aggregate` sees the all-reduced sums before `apply` -- so
-    no method knows about it. The round runs the mechanisms it is given, in order.
+    the aggregate for differential privacy, benchmark/engine/privacy.py): a `Mechanism` wraps
+    the accumulation from outside -- `new_sums` adds its own all-reduced sums to the round's,
+    `on_upload` sees each decoded Upload (with its plan) before `accumulate`, `on_aggregate`
+    sees the all-reduced sums and the server state before `apply` and returns fields for the
+    round's row -- so no method knows about it. The round runs the mechanisms it is given, in
+    order. A mechanism that rewrites FedAvg's sums (wsum, wcov, wtotal) runs only with methods
+    that declare `mean_aggregation`.
 """
 
 from __future__ import annotations
@@ -146,18 +149,24 @@ class SampleVariants:
 class Mechanism:
     """Something that applies to every method from outside its hooks (see (c) above); no-op by default.
 
-    The round calls, for each mechanism in order: `on_upload(up, plan, ctx)` on every decoded
-    upload before `method.accumulate`, and `on_aggregate(acc, ctx)` on the all-reduced sums
-    before `method.apply`. State it needs across rounds goes in its own checkpointed place.
+    The round calls, for each mechanism in order: `new_sums(state, ctx)` once, whose tensors join
+    the round's accumulator (and its all_reduce); `on_upload(up, plan, acc, ctx)` on every decoded
+    upload before `method.accumulate`; and `on_aggregate(acc, state, ctx)` on the all-reduced sums
+    before `method.apply`, whose dict joins the round's rounds.jsonl row. It must draw its random
+    numbers from generators seeded by (run seed, round) (`ctx.gen`), so every rank and a resumed
+    run draw the same; state it needs across rounds goes in its own checkpointed place.
     """
 
     name: ClassVar[str] = "mechanism"
 
-    def on_upload(self, up: Upload, plan: ClientPlan, ctx: "RunContext") -> Upload:
+    def new_sums(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+        return {}
+
+    def on_upload(self, up: Upload, plan: ClientPlan, acc: dict[str, torch.Tensor], ctx: "RunContext") -> Upload:
         return up
 
-    def on_aggregate(self, acc: dict[str, torch.Tensor], ctx: "RunContext") -> None:
-        return None
+    def on_aggregate(self, acc: dict[str, torch.Tensor], state: ServerState, ctx: "RunContext") -> dict[str, Any]:
+        return {}
 
 
 def masked_weighted_mean(
@@ -210,6 +219,11 @@ class Method:
     #: older global models and are rebased onto the current one? No when its aggregation
     #: assumes one synchronous round (control variates) or its upload carries extra fields.
     asynchronous: ClassVar[bool] = True
+    #: Is its server step a function of FedAvg's sums of the decoded client models alone (wsum,
+    #: wcov, wtotal: the default `accumulate`), with the clients' data reaching the model through
+    #: nothing else? Differential privacy (privacy.clip > 0) clips and noises exactly those sums;
+    #: no when the method reads more (control variates, sign votes, a router trained on client data).
+    mean_aggregation: ClassVar[bool] = True
     #: What the method does that a missing capability cannot (the refusal says it), e.g.
     #: "corrects every local step by a control variate".
     needs: ClassVar[str] = ""
@@ -236,6 +250,10 @@ class Method:
         if run.eval.every and not cls.midway_sampling:
             raise ValueError(f"method {cls.name!r} cannot draw a quality curve (eval.every={run.eval.every}): its model "
                              f"is sampled only after the last round{why}; use --set eval.every=0")
+        if run.privacy.clip > 0 and not cls.mean_aggregation:
+            raise ValueError(f"method {cls.name!r} cannot run with differential privacy (privacy.clip={run.privacy.clip:g}): DP "
+                             f"clips and noises FedAvg's weighted mean of the client models, and this method's server "
+                             f"reads more than that{why}; use --set privacy.clip=0, or a method such as fedavg")
         if world > 1 and not cls.several_ranks:
             raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}){why}; "
                              "run it without torchrun")

@@ -114,6 +114,7 @@ class Experts(Method):
     """K isolated experts (one per data cluster), a router trained after training, mixing in velocity space."""
 
     midway_sampling = False  # the mixture samples through the router, which finalize() trains after the last round
+    mean_aggregation = False  # its router is trained on the clients' data after the last round, outside any sum
     asynchronous = False  # not built: per-expert groups under stale updates
     needs = "trains isolated experts per cluster and samples through a router trained after the last round"
 

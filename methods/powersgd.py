@@ -166,6 +166,10 @@ class PowerSGD(CompressedUpdate):
             raise ValueError(f"method.downlink=factors of 'powersgd' cannot run with train.driver={run.train.driver}: its "
                              "broadcast describes one synchronous round's aggregate, not rebased stale updates; use "
                              "--set train.driver=sync or method.downlink=full")
+        if config.downlink == "factors" and run.privacy.clip > 0:
+            raise ValueError("method.downlink=factors of 'powersgd' cannot run with differential privacy (privacy.clip="
+                             f"{run.privacy.clip:g}): it broadcasts every client's own factors, which the noise on the "
+                             "aggregate does not cover; use --set method.downlink=full")
 
     def _plan(self, ctx: "RunContext") -> list[Block]:
         if self._blocks is None or self._blocks[0] != ctx.layout.shapes:

@@ -66,6 +66,7 @@ class Scaffold(Method):
 
     batched_clients = False
     several_ranks = False
+    mean_aggregation = False  # its upload also carries the control-variate change delta_c
     asynchronous = False  # c and c_i are one synchronous round's averages; its upload carries delta_c
     needs = "it corrects every local step by c - c_i and keeps each client's control variate c_i across rounds"
 

@@ -107,6 +107,10 @@ class SignSGD(CompressedUpdate):
                              "combines one synchronous round's sign messages, and the asynchronous driver rebases and "
                              "staleness-weights decoded models, which a vote does not read; use --set train.driver=sync "
                              "or method.aggregation=mean")
+        if config.aggregation == "majority" and run.privacy.clip > 0:
+            raise ValueError("method.aggregation=majority of 'signsgd' cannot run with differential privacy (privacy.clip="
+                             f"{run.privacy.clip:g}): DP clips and noises the weighted mean of the decoded models, which "
+                             "a vote does not read; use --set method.aggregation=mean")
 
     def message_bits(self, ctx: "RunContext") -> int:
         return sign_bits(ctx.layout.numels)

@@ -105,15 +105,21 @@ class _Recorder(methods.Mechanism):
     def __init__(self, cancel: bool) -> None:
         self.cancel, self.uploads, self.aggregates = cancel, [], 0
 
-    def on_upload(self, up, plan, ctx):
+    def new_sums(self, state, ctx):
+        return {"recorder_n": torch.zeros(1, dtype=torch.float64)}  # its own sum, all-reduced with the round's
+
+    def on_upload(self, up, plan, acc, ctx):
+        acc["recorder_n"] += 1
         self.uploads.append((up.group, up.staleness, plan.version))
         if self.cancel:  # the client's model becomes its start point: an update of zero
             up.params = plan.start.clone()
         return up
 
-    def on_aggregate(self, acc, ctx):
+    def on_aggregate(self, acc, state, ctx):
         assert "wsum" in acc  # after every client was accumulated (and all-reduced)
+        assert state.params.shape == ctx.init_params.shape  # the state before the server step
         self.aggregates += 1
+        return {"recorder_uploads": int(acc["recorder_n"][0])}  # a field of the round's row
 
 
 @pytest.mark.parametrize("name,params", [("fedavg", {}), ("random_prune", {"keep_ratio": 0.5}), ("fedadam", {})])
@@ -128,6 +134,7 @@ def test_a_mechanism_wraps_the_accumulation_of_any_method(tiny_data, name, param
     new, _ = train_round(method, method.init_state(ctx.init_params, ctx), ctx, 1, mechanisms=[cancel])
     # assert: every participating client passed through once, in the synchronous round at staleness 0
     assert seen.uploads == [(0, 0, 0)] * len(row["clients"]) and seen.aggregates == 1
+    assert row["recorder_uploads"] == len(row["clients"])
     # cancelling every update leaves the global model where it was (for the server optimizer too:
     # a zero pseudo-gradient moves nothing on its first step); pruned coordinates keep their value
     assert torch.equal(new.params, ctx.init_params)

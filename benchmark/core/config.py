@@ -34,6 +34,8 @@ ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
 Driver = Literal["sync", "fedbuff"]
 TimeSampling = Literal["auto", "uniform", "logit_normal"]
+Sampling = Literal["fixed", "poisson"]
+Weighting = Literal["uniform", "size"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class TrainConfig:
 @dataclass(frozen=True)
 class SystemConfig:
     participation: float = 1.0  # fraction of clients sampled each round
+    # how a round's clients are drawn: fixed = max(1, round(participation * N)) without replacement;
+    # poisson = each client independently with probability `participation` (what DP accountants assume)
+    sampling: Sampling = "fixed"
     dropout: float = 0.0  # probability that a sampled client drops out of the round
     stragglers: float = 0.0  # fraction of clients that run fewer local steps
     straggler_steps: float = 0.5  # a straggler runs ceil(this * local_steps) steps
@@ -115,6 +120,24 @@ class EvalConfig:
     # on the first `curve_samples` fixed noises, appended to curve.jsonl (0 = off; training unchanged)
     every: int = 0
     curve_samples: int = 200
+    # what the model leaks (benchmark/engine/leakage.py): memorization (nearest training images of the
+    # samples, copy rate, per-client attribution) and a loss-based membership-inference attack per client
+    privacy_metrics: bool = False
+    privacy_images: int = 256  # members per client (and as many held-out images per client) for the attack
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """User-level differential privacy on top of any method (DP-FedAvg, McMahan et al. ICLR 2018;
+    benchmark/engine/privacy.py): each client's update is clipped to L2 norm `clip`, the round's
+    weighted sum gets Gaussian noise of std noise * clip * (largest weight), and the model moves by
+    that noisy sum over a fixed denominator. Off while clip = 0."""
+
+    clip: float = 0.0  # C (0 = DP off; inf = no clipping, only with noise = 0)
+    noise: float = 0.0  # the noise multiplier z (std of the noise on the sum / its sensitivity)
+    delta: float = 1e-5  # the delta of the reported (epsilon, delta)
+    # client weights w_k in the sum: uniform (w = 1) or size (w = n_k, the client's sample count)
+    weighting: Weighting = "uniform"
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     checkpoint_every: int = 5  # rounds between checkpoints (and always at the end)
     device: str = "cpu"
 
@@ -150,7 +174,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        sections = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig}
+        sections = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig,
+                    "privacy": PrivacyConfig}
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - {"run_id", "version"}
         if unknown:
@@ -187,7 +212,8 @@ NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
 LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform",
                 "system.speed": "", "system.compute_rate": 100.0, "system.uplink_mbps": 0.0,
                 "system.downlink_mbps": 0.0, "system.deadline": 0.0, "eval.every": 0, "eval.curve_samples": 200,
-                "train.driver": "sync", "train.concurrency": 0, "train.buffer": 0, "train.staleness": "poly:0.5"}
+                "train.driver": "sync", "train.concurrency": 0, "train.buffer": 0, "train.staleness": "poly:0.5",
+                "system.sampling": "fixed", "eval.privacy_metrics": False, "eval.privacy_images": 256}
 
 
 def time_sampling_for(t: TrainConfig, objective: str) -> str:
@@ -244,6 +270,10 @@ def config_hash(cfg: RunConfig) -> str:
     if cfg.train.driver == "sync":  # the asynchronous driver's knobs change nothing in synchronous rounds
         for key in ("concurrency", "buffer", "staleness"):
             d["train"].pop(key)
+    if not cfg.eval.privacy_metrics:  # no leakage metrics: their image count changes nothing
+        d["eval"].pop("privacy_images")
+    if not cfg.privacy.clip:  # DP off: its other knobs change nothing (and run ids from before it stay)
+        d.pop("privacy")
     for key, neutral in LATER_FIELDS.items():
         head, _, rest = key.partition(".")
         if rest in d[head] and d[head][rest] == neutral:
@@ -319,6 +349,9 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         ]:
             _check(not bad, key, value, allowed)
     _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
+    _check(s.sampling in typing.get_args(Sampling), "system.sampling", s.sampling, ", ".join(typing.get_args(Sampling)))
+    _check(not (s.sampling == "poisson" and t.driver == "fedbuff"), "system.sampling", s.sampling,
+           "fixed with train.driver=fedbuff (train.concurrency picks who trains)")
     _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
     _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
     _check(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
@@ -341,6 +374,9 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(not (e.every and e.metrics == "none"), "eval.every", e.every,
            "0 with eval.metrics=none (the quality curve scores the model; name a metric or use auto)")
     _check(e.curve_samples >= 2, "eval.curve_samples", e.curve_samples, "an integer >= 2 (a Frechet distance needs two samples)")
+    _check(e.privacy_images >= 2, "eval.privacy_images", e.privacy_images,
+           "an integer >= 2 (members per client for the membership-inference attack)")
+    _check_privacy(cfg)
     _check(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
     _check(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
     _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
@@ -365,6 +401,33 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     return dataclasses.asdict(mc)
 
 
+def _check_privacy(cfg: RunConfig) -> None:
+    """privacy.*: the values, and what DP's guarantee needs of the rest of the run (benchmark/engine/privacy.py).
+    The method's part (its aggregation must be the weighted mean of the clients' models) is its `check`."""
+    p = cfg.privacy
+    _check(p.clip >= 0 and not math.isnan(p.clip), "privacy.clip", p.clip,
+           "a number >= 0 (0 = DP off; inf = no clipping, only with privacy.noise=0)")
+    _check(math.isfinite(p.noise) and p.noise >= 0, "privacy.noise", p.noise, "a finite number >= 0")
+    _check(0 < p.delta < 1, "privacy.delta", p.delta, "a number in (0, 1)")
+    _check(p.weighting in typing.get_args(Weighting), "privacy.weighting", p.weighting, ", ".join(typing.get_args(Weighting)))
+    if not p.clip:
+        _check(not p.noise, "privacy.noise", p.noise, "0 while privacy.clip=0 (DP is off; set privacy.clip=C to turn it on)")
+        return
+    _check(not (p.noise and math.isinf(p.clip)), "privacy.clip", p.clip,
+           f"a finite number with privacy.noise={p.noise:g} (the noise is scaled to the clipping bound: an unclipped "
+           "update has no bound)")
+    _check(cfg.train.driver == "sync", "train.driver", cfg.train.driver,
+           "sync with privacy.clip > 0 (the accountant composes one subsampled Gaussian mechanism per synchronous round)")
+    _check(cfg.system.participation == 1.0 or cfg.system.sampling == "poisson", "system.sampling", cfg.system.sampling,
+           f"poisson with privacy.clip > 0 and system.participation={cfg.system.participation:g} (the accountant's "
+           "subsampling is Poisson: each client in with probability q); use --set system.sampling=poisson")
+    if p.noise:
+        from importlib.util import find_spec
+
+        _check(find_spec("opacus") is not None, "privacy.noise", p.noise,
+               "0 unless Opacus is installed (its RDP accountant gives epsilon): pip install 'dfbench[privacy]'")
+
+
 def check_world(cfg: RunConfig, world: int) -> None:
     """The method's check again with the real number of ranks (torchrun), before any data is loaded."""
     from dfbench.methods import get_method_class, method_config
@@ -379,7 +442,7 @@ def check_world(cfg: RunConfig, world: int) -> None:
 
 # -- overrides ------------------------------------------------------------------
 
-_SECTIONS = ("data", "train", "system", "eval")
+_SECTIONS = ("data", "train", "system", "eval", "privacy")
 
 
 def _field_type(cls: type, name: str) -> Any:

@@ -168,11 +168,17 @@ def assign_local_steps(num_clients: int, steps: int, fraction: float, straggler_
     return out
 
 
-def sample_round_clients(num_clients: int, participation: float, dropout: float, seed: int, round_: int) -> tuple[list[int], list[int]]:
-    """(sampled, dropped): max(1, round(frac*N)) clients without replacement, then each drops
-    out with probability `dropout`. Depends only on (seed, round), never on devices or ranks."""
-    m = max(1, int(round(participation * num_clients)))
-    chosen = np.sort(np_rng(seed, "participation", round_).choice(num_clients, size=m, replace=False))
+def sample_round_clients(num_clients: int, participation: float, dropout: float, seed: int, round_: int,
+                         sampling: str = "fixed") -> tuple[list[int], list[int]]:
+    """(sampled, dropped): `fixed` draws max(1, round(frac*N)) clients without replacement, `poisson` each
+    client independently with probability frac (possibly none: the subsampling DP accountants assume);
+    then each drops out with probability `dropout`. Depends only on (seed, round), never on devices or ranks."""
+    rng = np_rng(seed, "participation", round_)
+    if sampling == "poisson":
+        chosen = np.flatnonzero(rng.random(num_clients) < participation)
+    else:
+        chosen = np.sort(rng.choice(num_clients, size=max(1, int(round(participation * num_clients))), replace=False))
+    m = len(chosen)
     drop = np_rng(seed, "dropout", round_).random(m) < dropout
     return [int(c) for c in chosen[~drop]], [int(c) for c in chosen[drop]]
 

@@ -29,6 +29,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
+from dfbench.benchmark.engine import privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.metrics.drift import attach_drift
 
@@ -247,6 +248,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "environment": runfolder.environment(cfg.device),
         **extra,
     }
+    if (guarantee := privacy.summary(cfg, cfg.train.rounds)) is not None:  # DP's (epsilon, delta) after the last round
+        metrics["privacy"] = guarantee
     if others:  # sampling and scoring the other rules: not in the run's wall time, which is the result's
         metrics["inference_variants_wall_seconds"] = round(variant_seconds, 3)
     if pending:

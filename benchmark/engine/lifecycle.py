@@ -4,7 +4,7 @@ run(cfg, out):
     lock the run folder (rank 0), decide: done / locked / run (every rank follows rank 0)
     build the context (data, partition, model), write config.json, partition.json, status running
     resume from the newest readable checkpoint, or start from the seeded initial state
-    for r in rounds: train_round (training.py), or the asynchronous driver's step (asynchronous.py,
+    for r in rounds: train_round (training.py; with the config's mechanisms, e.g. DP: privacy.py), or the asynchronous driver's step (asynchronous.py,
         train.driver=fedbuff; its state is checkpointed too) -> rounds.jsonl row, atomic checkpoint
     method.finalize, then evaluation (evaluate.py): samples, grid.png, metrics.json, status done
 Every way out leaves a status behind: done, diverged, failed (with the error), interrupted
@@ -25,7 +25,7 @@ from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig, check_world, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
-from dfbench.benchmark.engine import distributed
+from dfbench.benchmark.engine import distributed, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.asynchronous import make_driver
@@ -212,6 +212,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
     driver = make_driver(method, ctx)  # None: synchronous rounds (training.py); else FedBuff (asynchronous.py)
+    wrappers = privacy.mechanisms(cfg, ctx)  # e.g. DP's clipping and noise, around every method's sums
     totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None,
               "sim_seconds": 0.0, "client_images": 0.0}
     ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None
@@ -236,7 +237,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
-        state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r)
+        state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r, wrappers)
         if writer and not owner():
             raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
                            f"e.g. it was paused); stopping without writing round {r}")

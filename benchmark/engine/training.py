@@ -91,11 +91,14 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     t0 = time.perf_counter()
     cfg = ctx.cfg
     ctx.round = r
-    clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r)
+    clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r,
+                                            cfg.system.sampling)
     # p_k = n_k / sum_j n_j over the round's clients (known to every rank: the client list is seeded)
     ctx.round_weight = float(sum(ctx.client_sizes[k] for k in clients)) or 1.0
     acc = method.new_accumulator(state, ctx)
     acc.update(_diag_accumulator(state, ctx))
+    for mech in mechanisms:
+        acc.update(mech.new_sums(state, ctx))
     S = RoundSums(acc)
     per_client: dict[int, ClientStats] = {}
     settings = StepSettings.of(cfg.train, round_lr(cfg.train, r))
@@ -160,7 +163,7 @@ def add_upload(method: methods.Method, acc: dict[str, torch.Tensor], S: RoundSum
         S.add("nonfinite", 1)  # dropped from aggregation, counted (a diverging client must not poison the model)
         return
     for mech in mechanisms:
-        up = mech.on_upload(up, plan, ctx)
+        up = mech.on_upload(up, plan, acc, ctx)
     method.accumulate(acc, up, ctx)
     g = up.group
     update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
@@ -182,8 +185,9 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
     """The server step on the (all-reduced) sums and the rounds.jsonl row of its diagnostics; the
     driver adds what it knows (dropped and late clients, round and wall seconds)."""
     S = RoundSums(acc)
+    mechanism_fields: dict[str, Any] = {}
     for mech in mechanisms:
-        mech.on_aggregate(acc, ctx)
+        mechanism_fields.update(mech.on_aggregate(acc, state, ctx))
     state = method.apply(state, acc, ctx)
     n_ok = float(acc["d_n"].sum())
     count = acc["d_count"]
@@ -218,5 +222,6 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
         "sigma1_sq": float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
         "sigma2_sq": sigma2,
         "wall_seconds": 0.0,
+        **mechanism_fields,
     }
     return state, row

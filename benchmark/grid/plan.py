@@ -150,7 +150,8 @@ def estimate_cost(cfg: RunConfig) -> CellCost:
     if t.driver == "fedbuff":  # a server step applies `buffer` reports (0 = concurrency, 0 = every client)
         per_round = float(t.buffer or t.concurrency or n)
     else:
-        per_round = max(1, int(round(s.participation * n))) * (1 - s.dropout)  # as sample_round_clients
+        # as sample_round_clients (poisson: participation * n expected)
+        per_round = (s.participation * n if s.sampling == "poisson" else max(1, int(round(s.participation * n)))) * (1 - s.dropout)
         if s.deadline > 0:  # clients whose full-model compute alone misses the deadline are not trained
             from dfbench.benchmark.engine.clock import build_clock
 
