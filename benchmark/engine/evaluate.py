@@ -29,7 +29,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
-from dfbench.benchmark.engine import privacy
+from dfbench.benchmark.engine import leakage, privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.metrics.drift import attach_drift
 
@@ -65,6 +65,7 @@ def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Ten
 
 
 _LABEL = re.compile(r"[a-z0-9_]+")
+LEAKAGE = "leakage"  # the flag of metrics.json rows made by leakage.py (eval.privacy_metrics)
 
 
 def sample_variants(cfg: RunConfig, method: methods.Method) -> tuple[str | None, dict[str, Callable[..., torch.Tensor]]]:
@@ -219,6 +220,10 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
     sampler = sampler_of(cfg, method)
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
+    if cfg.eval.privacy_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
+        leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
+        rows += [{**row, LEAKAGE: True} for row in leak]
+        notes += why
     eval_seconds = time.perf_counter() - t0
     label, others = sample_variants(cfg, method)
     tag_rows(rows, label, True)
@@ -367,7 +372,8 @@ def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
         if path.exists():
             images = _read_samples(path, d, regenerable=False)
             rows += tag_rows(score(d, cfg, images, sampler, clients=clients)[0], other, False)
-    metrics["evaluations"] = rows
+    # the leakage rows need the trained model and the clients' data, not only the samples: kept as the run wrote them
+    metrics["evaluations"] = rows + [row for row in metrics.get("evaluations", []) if row.get(LEAKAGE)]
     metrics.pop("evaluation_pending", None)
     metrics.pop("evaluation_notes", None)
     if notes:

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 Better = Literal["lower", "higher"]
-Kind = Literal["frechet", "kid", "prdc", "client", "coverage"]
+Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage"]
 # "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold
 ReferenceRule = Literal["eval", "train"]
 
@@ -79,6 +79,13 @@ def _entries() -> list[Metric]:
             out += [Metric(name, m.extractor, "lower", "client", reference="train")
                     for name in (f"client_{m.name}_mean", f"client_{m.name}_worst", f"expert_{m.name}_worst")]
     out += [Metric("class_tv", None, "lower", "coverage"), Metric("low_classes", None, "lower", "coverage")]
+    # what a run leaks (eval.privacy_metrics; benchmark/engine/leakage.py): less is better, farther from
+    # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
+    for space, ex in (("pixel", None), ("fmnist", "fmnist")):
+        out += [Metric(f"{key}_{space}", ex, "lower", "leakage", reference="train")
+                for key in ("copy_rate", "copy_rate_test", "copy_rate_client_max")]
+        out += [Metric(f"{key}_{space}", ex, "higher", "leakage", reference="train") for key in ("nn_train", "nn_test")]
+    out += [Metric(name, None, "lower", "leakage", reference="train") for name in ("mia_auc", "mia_tpr_1fpr", "mia_auc_client_max")]
     return out
 
 

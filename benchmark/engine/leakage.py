@@ -1,0 +1,123 @@
+"""What a trained run leaks about the clients' images (eval.privacy_metrics=true): memorization and
+membership inference, rows beside the quality metrics in metrics.json.
+
+Memorization (benchmark/metrics/memorization.py): each generated sample's nearest and second
+nearest training image -- the union of the clients' data, each image owned by its client -- in
+pixels and in the dataset classifier's features; the copy rate (d1/d2 < 1/3, Yoon et al. 2023 as
+in Gu et al. 2023), the same rule on held-out test images (the rate a model that does not copy
+would show), nearest distances to the training images vs as many test images, and which client
+the copies come from.
+
+Membership inference (benchmark/metrics/membership.py): a loss attack. The attacker holds the
+final global model's weights (white box: the server's model, before any sampling rule of a
+pruning method; for an expert mixture, every expert, and it takes the lowest loss over them)
+and candidate images; its score is minus the diffusion loss averaged over a few fixed noise
+levels (LEVELS) with one fixed Gaussian noise per image. Members are up to eval.privacy_images
+of each client's training images; non-members as many held-out test images per client. An
+untrained model cannot tell them apart (AUC 0.5): a test checks it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfbench import datasets
+from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.core.seeds import np_rng, torch_gen
+
+#: fractions of the way from data to noise at which the attack measures the loss: DDPM step
+#: round(level * T), flow-matching time t = level (loss attacks work best at low noise: Carlini et al. 2023)
+LEVELS = (0.1, 0.25, 0.5)
+
+
+def _flat_pixels(images: torch.Tensor) -> np.ndarray:
+    """uint8 [N, C, H, W] -> float64 [N, C*H*W] in [0, 1]."""
+    return images.reshape(images.shape[0], -1).double().div(255.0).numpy()
+
+
+def memorization(cfg: RunConfig, samples: torch.Tensor, train: torch.Tensor, owner: np.ndarray, test: torch.Tensor,
+                 num_clients: int, device: str = "cpu") -> tuple[list[dict[str, Any]], list[str]]:
+    """Memorization rows in pixels and, where the dataset has a classifier, in its features."""
+    from dfbench.benchmark.metrics.features import get_extractor
+    from dfbench.benchmark.metrics.memorization import memorization_rows
+
+    spaces = {"pixel": (samples, train, test)}
+    notes: list[str] = []
+    if cfg.data.dataset == "fmnist":
+        ex = get_extractor("fmnist", device=device)
+        spaces[ex.name] = tuple(ex.features(x, batch_size=cfg.eval.feature_batch, device=device) for x in (samples, train, test))
+    else:
+        notes.append(f"memorization in features: only pixels for {cfg.data.dataset} (the committed classifier is Fashion-MNIST's)")
+    feats = {name: [x if isinstance(x, np.ndarray) else _flat_pixels(x) for x in xs] for name, xs in spaces.items()}
+    rows, more = memorization_rows({k: v[0] for k, v in feats.items()}, {k: v[1] for k, v in feats.items()}, owner,
+                                   {k: v[2] for k, v in feats.items()}, num_clients=num_clients, seed=cfg.seed)
+    return rows, notes + more
+
+
+@torch.no_grad()
+def image_losses(ctx: Any, params: torch.Tensor, images: torch.Tensor, seed: int, batch: int = 128) -> np.ndarray:
+    """Per image: the diffusion loss of the model(s) `params` ([P] or [G, P]: the lowest over the G)
+    averaged over LEVELS, with one fixed noise per image (seeded by `seed`), float64 [N]."""
+    cfg = ctx.cfg
+    obj = ctx.get_objective(cfg.train.objective)
+    eps = torch.randn(tuple(images.shape), generator=torch_gen(seed, "membership", "noise"), dtype=torch.float32)
+    x0_all = images.float().div(127.5).sub(1.0)
+    groups = params.reshape(-1, ctx.layout.total)
+    best = np.full(images.shape[0], np.inf)
+    ctx.model.eval()
+    try:
+        for g in range(groups.shape[0]):
+            ctx.flat.copy_(groups[g])
+            total = np.zeros(images.shape[0])
+            for level in LEVELS:
+                for i in range(0, images.shape[0], batch):
+                    x0, e = x0_all[i:i + batch].to(ctx.device), eps[i:i + batch].to(ctx.device)
+                    n = x0.shape[0]
+                    if cfg.train.objective == "ddpm":
+                        tt = torch.full((n,), min(obj.T - 1, int(round(level * obj.T))), dtype=torch.long, device=ctx.device)
+                    else:
+                        tt = torch.full((n,), float(level), device=ctx.device)
+                    xt, tin, target = obj.noised(x0, tt, e)
+                    total[i:i + n] += (ctx.model(xt, tin) - target).double().square().flatten(1).mean(1).cpu().numpy()
+            best = np.minimum(best, total / len(LEVELS))
+    finally:
+        ctx.model.train()
+    return best
+
+
+def membership(cfg: RunConfig, ctx: Any, params: torch.Tensor, test: torch.Tensor) -> tuple[list[dict[str, Any]], list[str]]:
+    """Loss-attack rows: up to eval.privacy_images members per client against as many test images each."""
+    from dfbench.benchmark.metrics.membership import membership_rows
+
+    cap = cfg.eval.privacy_images
+    members = []
+    for k, ix in enumerate(ctx.client_indices):
+        ix = ix.cpu().numpy()
+        pick = np.sort(np_rng(cfg.seed, "membership", "members", k).choice(len(ix), size=min(cap, len(ix)), replace=False))
+        members.append(ctx.images[torch.as_tensor(ix[pick], device=ctx.images.device)].cpu())
+    wanted = sum(len(m) for m in members)
+    notes = []
+    if wanted > test.shape[0]:
+        notes.append(f"membership inference: {wanted} members but only {test.shape[0]} held-out images; all of them are used")
+    held = test[np.sort(np_rng(cfg.seed, "membership", "nonmembers").choice(test.shape[0], size=min(wanted, test.shape[0]), replace=False))]
+    scores = [-image_losses(ctx, params, m, cfg.seed) for m in members]  # a higher score: "a member"
+    rows, more = membership_rows(scores, -image_losses(ctx, params, held, cfg.seed), seed=cfg.seed)
+    for row in rows:
+        row.update(noise_levels=list(LEVELS), objective=cfg.train.objective)
+    return rows, notes + more
+
+
+def leakage_rows(cfg: RunConfig, ctx: Any, params: torch.Tensor, samples: torch.Tensor) -> tuple[list[dict[str, Any]], list[str]]:
+    """Memorization and membership rows of a trained run (eval.privacy_metrics), and notes on what is left out."""
+    test = datasets.load(cfg.data.dataset, "test", root=cfg.data.root).images
+    union = torch.cat([ix.cpu() for ix in ctx.client_indices])
+    owner = np.concatenate([np.full(len(ix), k, dtype=np.int64) for k, ix in enumerate(ctx.client_indices)])
+    train = ctx.images[union.to(ctx.images.device)].cpu()
+    rows, notes = memorization(cfg, samples, train, owner, test, len(ctx.client_indices), device=str(ctx.device))
+    more_rows, more_notes = membership(cfg, ctx, params, test)
+    for row in rows + more_rows:
+        row["reference"] = f"{cfg.data.dataset}/train (the clients' data) vs {cfg.data.dataset}/test"
+    return rows + more_rows, notes + more_notes
