@@ -218,6 +218,18 @@ class Partition:
         y = _as_labels(labels)
         return mean_tv_distance(self.histogram(y, self._classes(y)))
 
+    def capped(self, max_size: int, seed: int) -> "Partition":
+        """Each client keeps a seeded random subset of at most `max_size` of its samples (few images per
+        client, e.g. to study memorization); the spec records the cap. Pure: (partition, max_size, seed)."""
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        rng = np.random.default_rng(seed)
+        kept = tuple(np.sort(rng.choice(ix, size=max_size, replace=False)) if ix.size > max_size else ix.copy()
+                     for ix in self.indices)
+        for ix in kept:
+            ix.setflags(write=False)
+        return Partition(indices=kept, cluster_of_client=self.cluster_of_client, spec=f"{self.spec}|max{max_size}")
+
     def digest(self) -> str:
         """sha256 over the client index arrays (identifies the partition in run records)."""
         h = hashlib.sha256(f"{self.spec}\n{self.num_clients}\n".encode())

@@ -44,6 +44,7 @@ class DataConfig:
     partition: str = "iid"  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
     clients: int = 10
     min_client_size: int = 8  # a partition giving a client fewer samples is retried, then refused
+    client_images: int = 0  # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all)
     root: str | None = None  # explicit data folder (else DFBENCH_DATA, the system path, download)
 
 
@@ -213,7 +214,8 @@ LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform",
                 "system.speed": "", "system.compute_rate": 100.0, "system.uplink_mbps": 0.0,
                 "system.downlink_mbps": 0.0, "system.deadline": 0.0, "eval.every": 0, "eval.curve_samples": 200,
                 "train.driver": "sync", "train.concurrency": 0, "train.buffer": 0, "train.staleness": "poly:0.5",
-                "system.sampling": "fixed", "eval.privacy_metrics": False, "eval.privacy_images": 256}
+                "system.sampling": "fixed", "data.client_images": 0,
+                "privacy.clip": 0.0, "privacy.noise": 0.0, "privacy.delta": 1e-5, "privacy.weighting": "uniform", "eval.privacy_metrics": False, "eval.privacy_images": 256}
 
 
 def time_sampling_for(t: TrainConfig, objective: str) -> str:
@@ -276,7 +278,7 @@ def config_hash(cfg: RunConfig) -> str:
         d.pop("privacy")
     for key, neutral in LATER_FIELDS.items():
         head, _, rest = key.partition(".")
-        if rest in d[head] and d[head][rest] == neutral:
+        if head in d and rest in d[head] and d[head][rest] == neutral:
             d[head].pop(rest)
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
@@ -297,6 +299,8 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
     _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
     _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
+    _check(d.client_images == 0 or d.client_images >= d.min_client_size, "data.client_images", d.client_images,
+           f"0 (all of a client's samples) or an integer >= data.min_client_size ({d.min_client_size})")
     # The dataset's size is static, so "more clients than samples" fails here, before any data is
     # loaded (build_context checks again against the data actually loaded).
     from dfbench.datasets import data_info

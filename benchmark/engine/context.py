@@ -183,6 +183,13 @@ def sample_round_clients(num_clients: int, participation: float, dropout: float,
     return [int(c) for c in chosen[~drop]], [int(c) for c in chosen[drop]]
 
 
+def run_partition(cfg: RunConfig, labels: np.ndarray, images: torch.Tensor) -> datasets.Partition:
+    """The run's clients: data.partition, seeded by the run's seed, capped at data.client_images each."""
+    part = datasets.partition(labels, cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
+                              min_size=cfg.data.min_client_size, images=images)
+    return part.capped(cfg.data.client_images, derive_seed(cfg.seed, "client_images")) if cfg.data.client_images else part
+
+
 def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> RunContext:
     device = torch.device(distributed.local_device(cfg.device))  # "cuda" -> cuda:LOCAL_RANK under torchrun
     if data is None:
@@ -192,8 +199,7 @@ def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> R
         from dfbench.benchmark.core.config import ConfigError
 
         raise ConfigError(f"invalid value for 'data.clients': {cfg.data.clients}; allowed: at most the {len(labels)} training samples")
-    part = datasets.partition(labels, cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
-                              min_size=cfg.data.min_client_size, images=data.images)
+    part = run_partition(cfg, labels, data.images)
     images = data.images.to(device)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = build_model(resolve_preset(cfg.train.model, cfg.data.dataset), images.shape[1]).to(device)

@@ -177,11 +177,10 @@ def _clients(cfg: RunConfig, ctx: Any = None, method: Any = None,
     else:
         from dfbench import datasets
 
-        from dfbench.benchmark.core.seeds import derive_seed
+        from dfbench.benchmark.engine.context import run_partition
 
         data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
-        part = datasets.partition(data.labels.numpy(), cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
-                                  min_size=cfg.data.min_client_size, images=data.images)
+        part = run_partition(cfg, data.labels.numpy(), data.images)
         size = len(data.labels)
         saved = runfolder.read_json(run / runfolder.PARTITION) if run is not None and (run / runfolder.PARTITION).exists() else {}
         if saved.get("indices_sha256") not in (None, part.digest()):

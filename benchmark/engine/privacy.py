@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,7 +57,9 @@ def epsilon(q: float, noise: float, steps: int, delta: float) -> float:
     accountant = RDPAccountant()
     for _ in range(steps):  # one subsampled Gaussian mechanism per round
         accountant.step(noise_multiplier=noise, sample_rate=q)
-    return float(accountant.get_epsilon(delta=delta))
+    with warnings.catch_warnings():  # "optimal order is the smallest alpha": a valid, slightly loose bound
+        warnings.simplefilter("ignore", UserWarning)
+        return float(accountant.get_epsilon(delta=delta))
 
 
 class UserLevelDP(methods.Mechanism):
@@ -78,13 +81,15 @@ class UserLevelDP(methods.Mechanism):
         return self.noise * self.clip * self.w_max
 
     def new_sums(self, state: methods.ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
-        return {"dp_clipped": torch.zeros(2, dtype=torch.float64, device=state.params.device)}  # [clipped, updates]
+        # [clipped, updates, sum of the updates' norms before clipping]
+        return {"dp_clipped": torch.zeros(3, dtype=torch.float64, device=state.params.device)}
 
     def on_upload(self, up: methods.Upload, plan: methods.ClientPlan, acc: dict[str, torch.Tensor],
                   ctx: "RunContext") -> methods.Upload:
         update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
         norm = float(update.double().norm())
         acc["dp_clipped"][1] += 1
+        acc["dp_clipped"][2] += norm
         params = up.params
         if norm > self.clip:  # scaled only above C: within the bound the upload stays bit for bit as it was
             acc["dp_clipped"][0] += 1
@@ -103,9 +108,10 @@ class UserLevelDP(methods.Mechanism):
             acc["wsum"] += z * (self.std() / self.denominator)
         acc["wcov"].fill_(1.0)
         acc["wtotal"].fill_(1.0)
-        clipped, updates = (float(x) for x in acc["dp_clipped"])
+        clipped, updates, norms = (float(x) for x in acc["dp_clipped"])
         return {"dp_epsilon": _finite(epsilon(self.q, self.noise, ctx.round, self.delta)),
-                "dp_clipped_fraction": round(clipped / updates, 6) if updates else None}
+                "dp_clipped_fraction": round(clipped / updates, 6) if updates else None,
+                "dp_update_norm": round(norms / updates, 6) if updates else None}  # mean, before clipping (to choose C)
 
 
 def _clipped(start: torch.Tensor, update: torch.Tensor, factor: float, mask: torch.Tensor | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import LATER_FIELDS, DataConfig, EvalConfig, SystemConfig, TrainConfig
+from dfbench.benchmark.core.config import LATER_FIELDS, DataConfig, EvalConfig, PrivacyConfig, SystemConfig, TrainConfig
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
@@ -59,7 +59,8 @@ METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "meth
 def _config_defaults() -> dict[str, Any]:
     """Leaf name -> default of the config sections (as normalize_config names a run's keys)."""
     sections = {name: dataclasses.asdict(cls()) for name, cls in
-                (("data", DataConfig), ("train", TrainConfig), ("system", SystemConfig), ("eval", EvalConfig))}
+                (("data", DataConfig), ("train", TrainConfig), ("system", SystemConfig), ("eval", EvalConfig),
+                 ("privacy", PrivacyConfig))}
     return normalize_config(sections)
 
 
@@ -150,6 +151,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "drift": to_float(drift_feats[0]) if drift_feats else math.nan,  # the run's first extractor's features
             "drift_pixel": to_float(drift_rec.get("pixel")),
             "dropped_updates": to_float(metrics.get("dropped_updates")),
+            # user-level DP's epsilon at its delta after the last round (NaN: no DP, or no noise: epsilon infinite)
+            "epsilon": to_float((metrics.get("privacy") or {}).get("epsilon")),
             "uploads": float(uploads) if rec.rounds else math.nan,
             "grid": str(rec.grid) if rec.grid else None,
             # metrics that could not be computed: absent from the evaluations, said here
@@ -304,7 +307,7 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
             stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
             _interval_columns(row, grp, metric, values)
-        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done"):
+        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done", "epsilon"):
             if col not in grp:  # time_to_target: only with a --target
                 continue
             values = grp[col].dropna()

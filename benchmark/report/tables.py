@@ -53,7 +53,7 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
                  "wall_seconds_mean", "wall_seconds_std", "sim_seconds_mean", "time_to_target_mean", "time_to_target_reached",
                  "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
                  "drift_mean", "drift_pixel_mean",
-                 "dropped_updates_mean", "evaluation_notes"]
+                 "dropped_updates_mean", "epsilon_mean", "evaluation_notes"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
     cfg_cols = sorted(c for c in table.columns if c.startswith("cfg."))
     cols = CSV_LEAD + param_cols + metric_cols + cost_cols + cfg_cols + ["run_ids"]
