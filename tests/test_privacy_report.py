@@ -1,0 +1,51 @@
+"""The privacy report (benchmark/report/privacy.py) on a hand-built run table: means and t-intervals
+over seeds, seed-paired differences to FedAvg, DP settings labelled apart from plain FedAvg, epsilon."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dfbench.benchmark.report.privacy import LEAKS, plot, privacy_table, to_markdown
+
+
+def _runs() -> pd.DataFrame:
+    rows = []
+    fd = {"fedavg": [100.0, 110.0, 120.0], "dp": [300.0, 330.0, 360.0], "quantized": [105.0, 112.0, 125.0]}
+    copy = {"fedavg": [0.5, 0.6, 0.7], "dp": [0.0, 0.1, 0.05], "quantized": [0.45, 0.6, 0.65]}
+    for name in fd:
+        for seed in range(3):
+            rows.append({"run_id": f"{name}{seed}", "dataset": "fmnist", "partition": "iid",
+                         "setting": "quantized [bits=4]" if name == "quantized" else "fedavg",
+                         "method": "quantized" if name == "quantized" else "fedavg", "baseline": False, "seed": seed,
+                         "cfg.clip": 0.5 if name == "dp" else 0.0, "cfg.noise": 1.0 if name == "dp" else 0.0,
+                         "cfg.rounds": 10, "epsilon": 19.0 if name == "dp" else math.nan,
+                         "fd_fmnist": fd[name][seed], "copy_rate_fmnist": copy[name][seed],
+                         **{m: 0.5 for m in LEAKS if m != "copy_rate_fmnist"}})
+    rows.append({"run_id": "u0", "dataset": "fmnist", "partition": "iid", "setting": "untrained (fedavg)", "method": "fedavg",
+                 "baseline": True, "seed": 0, "cfg.clip": 0.0, "cfg.noise": 0.0, "cfg.rounds": 0, "epsilon": math.nan,
+                 "fd_fmnist": 800.0, "copy_rate_fmnist": 0.0, **{m: 0.5 for m in LEAKS if m != "copy_rate_fmnist"}})
+    return pd.DataFrame(rows)
+
+
+def test_rows_are_means_with_t_intervals_and_seed_paired_differences(tmp_path):
+    # execute
+    table = privacy_table(_runs(), "fd_fmnist").set_index("setting")
+    # assert: the DP setting is labelled by what tells it apart; plain FedAvg first, the floor last
+    assert list(table.index) == ["fedavg", "fedavg (clip=0.5, noise=1)", "quantized [bits=4]", "untrained (fedavg)"]
+    dp = table.loc["fedavg (clip=0.5, noise=1)"]
+    half = stats.t.ppf(0.975, 2) * pd.Series([300.0, 330.0, 360.0]).std(ddof=1) / math.sqrt(3)
+    assert dp["fd_fmnist"] == pytest.approx(330.0) and dp["fd_fmnist_high"] == pytest.approx(330.0 + half)
+    # differences paired by seed: 200, 220, 240 -> mean 220; copy -0.5, -0.5, -0.65
+    assert dp["fd_fmnist_diff"] == pytest.approx(220.0)
+    assert dp["copy_rate_fmnist_diff"] == pytest.approx((-0.5 - 0.5 - 0.65) / 3)
+    assert dp["epsilon"] == 19.0 and dp["dp"]
+    assert math.isinf(table.loc["fedavg", "epsilon"]) and not table.loc["fedavg", "dp"]
+    assert math.isnan(table.loc["fedavg", "fd_fmnist_diff"]) and math.isnan(table.loc["untrained (fedavg)", "fd_fmnist_low"])
+    # the writers run on it
+    md = to_markdown(table.reset_index(), "fd_fmnist", "fedavg")
+    assert "| fedavg (clip=0.5, noise=1) | 3 | 330.0 [" in md and "| 19 |" in md
+    assert plot(table.reset_index(), "fd_fmnist", "fedavg", tmp_path / "p.png").stat().st_size > 1000
