@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -97,6 +97,13 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression && \
 	$(BIN)/python -m dfbench.benchmark.report.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
 	$(BIN)/python -m dfbench.benchmark.report.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
+
+bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
+	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
+	@# held-out seed 7 (results/cpu-privacy/clip.toml)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy && \
+	$(BIN)/python -m dfbench.benchmark.report.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)

@@ -40,7 +40,7 @@ from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_override
 
 GRIDS_DIR = Path(__file__).with_name("builtin")
 TOP_KEYS = ("name", "description", "base", "axes", "cells")
-SECTIONS = ("data", "train", "system", "eval")
+SECTIONS = ("data", "train", "system", "eval", "privacy")
 
 
 class GridError(ConfigError):
