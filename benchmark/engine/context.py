@@ -48,6 +48,9 @@ class RunContext:
     round: int = 0
     round_weight: float = 1.0  # sum of n_k over this round's clients (set by the loop)
     progress: bool = False  # tqdm bars for sampling (set by the loop)
+    # what wraps every round's accumulation from outside the method (methods.Mechanism, e.g. DP's
+    # clipping and noise: benchmark/engine/privacy.py), set by the run's life cycle from the config
+    mechanisms: list[Any] = field(default_factory=list)
     rank: int = 0
     world: int = 1
 

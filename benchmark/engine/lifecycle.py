@@ -212,7 +212,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
     driver = make_driver(method, ctx)  # None: synchronous rounds (training.py); else FedBuff (asynchronous.py)
-    wrappers = privacy.mechanisms(cfg, ctx)  # e.g. DP's clipping and noise, around every method's sums
+    ctx.mechanisms = privacy.mechanisms(cfg, ctx)  # e.g. DP's clipping and noise, around every method's sums
     totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None,
               "sim_seconds": 0.0, "client_images": 0.0}
     ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None
@@ -237,7 +237,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
-        state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r, wrappers)
+        state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r)
         if writer and not owner():
             raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
                            f"e.g. it was paused); stopping without writing round {r}")

@@ -82,12 +82,14 @@ def _num(x: float) -> float | None:
 
 
 def train_round(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int,
-                mechanisms: Sequence[methods.Mechanism] = ()) -> tuple[methods.ServerState, dict[str, Any]]:
+                mechanisms: Sequence[methods.Mechanism] | None = None) -> tuple[methods.ServerState, dict[str, Any]]:
     """One communication round; returns the new state and the rounds.jsonl row.
 
-    `mechanisms` (methods.base.Mechanism) wrap the accumulation for every method: each sees
-    every decoded upload before `method.accumulate`, and the all-reduced sums before `apply`.
+    `mechanisms` (methods.base.Mechanism; default: the run's, `ctx.mechanisms`) wrap the accumulation
+    for every method: each sees every decoded upload before `method.accumulate`, and the all-reduced
+    sums before `apply`.
     """
+    mechanisms = ctx.mechanisms if mechanisms is None else mechanisms
     t0 = time.perf_counter()
     cfg = ctx.cfg
     ctx.round = r
