@@ -18,7 +18,6 @@ the untrained floor as a line).
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dfbench.benchmark.metrics.uncertainty import t_interval  # noqa: E402
+from dfbench.benchmark.report.study_cli import study_main  # noqa: E402
 from dfbench.benchmark.report.frames import collect, higher_is_better, primary_metric  # noqa: E402
 from dfbench.benchmark.report.paired import seed_differences  # noqa: E402
 
@@ -223,18 +223,8 @@ def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.report.frontier", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", required=True, help="root of the run folders")
-    p.add_argument("--out", required=True, help="folder for frontier.md/.csv/.png")
-    p.add_argument("--reference", default="fedavg", help="the setting the compression and differences are against (default fedavg)")
-    p.add_argument("--metric", default=None, help="default: the report's primary metric")
-    a = p.parse_args(argv)
-    try:
-        for path in write(a.runs, a.out, a.reference, a.metric):
-            print(path)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
-    return 0
+    return study_main(argv, "dfbench.benchmark.report.frontier", __doc__, "frontier.md/.csv/.png",
+                      "the setting the compression and differences are against (default fedavg)", write)
 
 
 if __name__ == "__main__":

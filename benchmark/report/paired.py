@@ -13,7 +13,6 @@ A difference whose interval excludes 0 is called better or worse; otherwise a ti
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.report.study_cli import study_main
 from dfbench.benchmark.report.frames import collect, higher_is_better, primary_metric
 from dfbench.benchmark.metrics.uncertainty import t_interval
 
@@ -122,18 +122,8 @@ def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.report.paired", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", required=True, help="root of the run folders")
-    p.add_argument("--out", required=True, help="folder for paired_vs_<reference>.md/.csv")
-    p.add_argument("--reference", default="fedavg", help="the setting every other one is compared with (default fedavg)")
-    p.add_argument("--metric", default=None, help="default: the report's primary metric")
-    a = p.parse_args(argv)
-    try:
-        for path in write(a.runs, a.out, a.reference, a.metric):
-            print(path)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
-    return 0
+    return study_main(argv, "dfbench.benchmark.report.paired", __doc__, "paired_vs_<reference>.md/.csv",
+                      "the setting every other one is compared with (default fedavg)", write)
 
 
 if __name__ == "__main__":

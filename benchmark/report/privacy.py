@@ -15,7 +15,6 @@ copy rate, and quality against epsilon).
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dfbench.benchmark.metrics.uncertainty import t_interval  # noqa: E402
+from dfbench.benchmark.report.study_cli import study_main  # noqa: E402
 from dfbench.benchmark.report.frames import collect, curve_labels, primary_metric  # noqa: E402
 from dfbench.benchmark.report.paired import seed_differences  # noqa: E402
 
@@ -163,18 +163,8 @@ def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.report.privacy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", required=True, help="root of the run folders (made with eval.privacy_metrics=true)")
-    p.add_argument("--out", required=True, help="folder for privacy.md/.csv/.png")
-    p.add_argument("--reference", default="fedavg", help="the setting the paired differences are against (default fedavg)")
-    p.add_argument("--metric", default=None, help="quality metric; default: the report's primary metric")
-    a = p.parse_args(argv)
-    try:
-        for path in write(a.runs, a.out, a.reference, a.metric):
-            print(path)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
-    return 0
+    return study_main(argv, "dfbench.benchmark.report.privacy", __doc__, "privacy.md/.csv/.png",
+                      "the setting the paired differences are against (default fedavg)", write, runs_help="root of the run folders (made with eval.privacy_metrics=true)")
 
 
 if __name__ == "__main__":
