@@ -136,7 +136,7 @@ def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
             axes[1].errorbar([x], [row[metric]], yerr=yerr, **style)
             if not math.isfinite(row["epsilon"]):
                 axes[1].annotate("ε = ∞", (x, row[metric]), textcoords="offset points", xytext=(6, 6), fontsize=8)
-    axes[0].set(xlabel="copy rate (samples within 1/3 of their nearest training image, classifier features)",
+    axes[0].set(xlabel="copy rate (d1/d2 < 1/3 to the clients' images, classifier features)",
                 ylabel=f"{metric} (lower is better)", title="quality vs memorization")
     axes[1].set(xscale="log", xlabel="ε (δ per run; log scale)", ylabel=f"{metric} (lower is better)",
                 title="quality vs the DP guarantee")
