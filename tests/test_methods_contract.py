@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dfbench import methods
+from dfbench.benchmark.engine import privacy
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, tiny_config
@@ -71,3 +72,27 @@ def test_batched_clients_are_refused_up_front_or_run(tmp_path, tiny_data, name):
         return
     d = run(cfg, tmp_path, data=tiny_data, progress=False)
     assert json.loads((d / "status.json").read_text())["state"] == "done"
+
+
+@pytest.mark.parametrize("name", methods.list_methods())
+def test_differential_privacy_is_refused_up_front_or_clips_every_update(tiny_data, name):
+    """DP (privacy.clip > 0) wraps every method from outside: a method whose server reads more than
+    FedAvg's sums is refused when the config is built (its declaration); any other runs a round in
+    which every update it accumulates is clipped to C and the model moves by the noisy mean."""
+    from dfbench.benchmark.core.config import ConfigError
+    from dfbench.benchmark.engine.training import train_round
+
+    try:
+        cfg = tiny_config(name, over={"privacy.clip": 1e-3, "privacy.noise": 0.5})
+    except ConfigError as err:
+        assert "differential privacy" in str(err)
+        assert not methods.get_method_class(name).mean_aggregation
+        return
+    assert methods.get_method_class(name).mean_aggregation
+    ctx = build_context(cfg, data=tiny_data)
+    ctx.mechanisms = privacy.mechanisms(cfg, ctx)
+    method = methods.create_method(name)
+    state = method.init_state(ctx.init_params, ctx)
+    new, row = train_round(method, state, ctx, 1)
+    assert row["dp_clipped_fraction"] == 1.0 and row["dp_epsilon"] > 0
+    assert torch.isfinite(new.params).all() and not torch.equal(new.params, state.params)
