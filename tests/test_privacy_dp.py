@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -134,6 +135,14 @@ def test_epsilon_is_the_accountants_own_answer(tmp_path, tiny_data):
     assert rows[0]["dp_epsilon"] < rows[1]["dp_epsilon"] < rows[2]["dp_epsilon"]
     assert metrics["privacy"]["epsilon"] == rows[-1]["dp_epsilon"]
     assert metrics["privacy"]["delta"] == 1e-4 and metrics["privacy"]["sample_rate"] == 0.5
+    # the leaderboard says it: epsilon_mean in the CSV, an "ε (DP)" column in the markdown
+    from dfbench.benchmark.report.build import build_report
+
+    build_report(tmp_path, tmp_path / "report")
+    board = pd.read_csv(tmp_path / "report" / "leaderboard.csv")
+    assert board["epsilon_mean"].iloc[0] == pytest.approx(rows[-1]["dp_epsilon"])
+    md = (tmp_path / "report" / "leaderboard.md").read_text()
+    assert "ε (DP)" in md and f"{rows[-1]['dp_epsilon']:.4g}"[:4] in md
     # more noise, less epsilon (a check that the noise multiplier reaches the accountant)
     assert privacy.epsilon(0.5, 1.6, 3, 1e-4) < privacy.epsilon(0.5, 0.8, 3, 1e-4)
     assert privacy.epsilon(1.0, 0.0, 3, 1e-4) == math.inf and privacy.epsilon(1.0, 1.0, 0, 1e-4) == 0.0

@@ -65,7 +65,8 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str], higher: Iterable[str
 
     Metrics in `higher` (better when higher) get " ↑" in their header; a rank shared with
     another setting (overlapping intervals) is written "1=". "sim time" (the simulated clock)
-    appears when a run of the block recorded one; with `target` (metric, value) a column gives
+    appears when a run of the block recorded one, "ε (DP)" when a run ran under DP with noise
+    (∞ for the block's other settings: no guarantee); with `target` (metric, value) a column gives
     the simulated time to first reach it on the quality curve: the mean over the seeds that
     do, and "(k/n)" when not all of them do ("not reached" when none).
     """
@@ -78,10 +79,11 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str], higher: Iterable[str
     shared = {c[4:]: str(block[c].iloc[0]) for c in cfg_cols if c not in shown_cfg and c not in varying}
     drift = block["drift_mean"].notna().any() if "drift_mean" in block else False  # same-noise drift, when any run has it
     sim = bool(block["sim_seconds_mean"].notna().any()) if "sim_seconds_mean" in block else False
+    eps = bool(block["epsilon_mean"].notna().any()) if "epsilon_mean" in block else False  # a DP run with noise
     reach = target is not None and "time_to_target_mean" in block
     reach_header = [f"sim time to {target[0]} {'≥' if target[0] in higher else '≤'} {target[1]:g}"] if reach and target else []
     headers = ["rank", "method", "params", *[f"{m} ↑" if m in higher else m for m in present], *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
-               *(["sim time"] if sim else []), *reach_header, *[c[4:] for c in shown_cfg]]
+               *(["sim time"] if sim else []), *(["ε (DP)"] if eps else []), *reach_header, *[c[4:] for c in shown_cfg]]
     rows: list[list[str]] = []
     for _, row in block.iterrows():
         ratio = row["compression_ratio"]
@@ -92,7 +94,9 @@ def block_view(block: pd.DataFrame, metrics: Sequence[str], higher: Iterable[str
             [rank, method, str(row["params"]), *[fmt_metric(row, m, int(row["n"])) for m in present],
              *([fmt_number(row["drift_mean"]) if not pd.isna(row["drift_mean"]) else ""] if drift else []),
              str(int(row["n"])), fmt_number(row["uplink_mb_mean"]), compression, _fmt_seconds(row["wall_seconds_mean"]),
-             *([_fmt_seconds(row["sim_seconds_mean"])] if sim else []), *([_fmt_reach(row)] if reach else []),
+             *([_fmt_seconds(row["sim_seconds_mean"])] if sim else []),
+             *([fmt_number(row["epsilon_mean"]) if not pd.isna(row["epsilon_mean"]) else "∞"] if eps else []),
+             *([_fmt_reach(row)] if reach else []),
              *[fmt_number(row[c]) if isinstance(row[c], (int, float)) and not isinstance(row[c], bool) else str(row[c])
                for c in shown_cfg]]
         )
