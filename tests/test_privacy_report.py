@@ -23,11 +23,11 @@ def _runs() -> pd.DataFrame:
                          "method": "quantized" if name == "quantized" else "fedavg", "baseline": False, "seed": seed,
                          "cfg.clip": 0.5 if name == "dp" else 0.0, "cfg.noise": 1.0 if name == "dp" else 0.0,
                          "cfg.rounds": 10, "epsilon": 19.0 if name == "dp" else math.nan,
-                         "fd_fmnist": fd[name][seed], "copy_rate_fmnist": copy[name][seed],
-                         **{m: 0.5 for m in LEAKS if m != "copy_rate_fmnist"}})
+                         "fd_fmnist": fd[name][seed], "copy_rate_pixel": copy[name][seed],
+                         **{m: 0.5 for m in LEAKS if m != "copy_rate_pixel"}})
     rows.append({"run_id": "u0", "dataset": "fmnist", "partition": "iid", "setting": "untrained (fedavg)", "method": "fedavg",
                  "baseline": True, "seed": 0, "cfg.clip": 0.0, "cfg.noise": 0.0, "cfg.rounds": 0, "epsilon": math.nan,
-                 "fd_fmnist": 800.0, "copy_rate_fmnist": 0.0, **{m: 0.5 for m in LEAKS if m != "copy_rate_fmnist"}})
+                 "fd_fmnist": 800.0, "copy_rate_pixel": 0.0, **{m: 0.5 for m in LEAKS if m != "copy_rate_pixel"}})
     return pd.DataFrame(rows)
 
 
@@ -41,7 +41,7 @@ def test_rows_are_means_with_t_intervals_and_seed_paired_differences(tmp_path):
     assert dp["fd_fmnist"] == pytest.approx(330.0) and dp["fd_fmnist_high"] == pytest.approx(330.0 + half)
     # differences paired by seed: 200, 220, 240 -> mean 220; copy -0.5, -0.5, -0.65
     assert dp["fd_fmnist_diff"] == pytest.approx(220.0)
-    assert dp["copy_rate_fmnist_diff"] == pytest.approx((-0.5 - 0.5 - 0.65) / 3)
+    assert dp["copy_rate_pixel_diff"] == pytest.approx((-0.5 - 0.5 - 0.65) / 3)
     assert dp["epsilon"] == 19.0 and dp["dp"]
     assert math.isinf(table.loc["fedavg", "epsilon"]) and not table.loc["fedavg", "dp"]
     assert math.isnan(table.loc["fedavg", "fd_fmnist_diff"]) and math.isnan(table.loc["untrained (fedavg)", "fd_fmnist_low"])
