@@ -102,3 +102,28 @@ def test_a_run_writes_its_leakage_rows_and_dfbench_eval_keeps_them(tmp_path, tin
     assert [r for r in again if r.get("leakage")] == [r for r in first if r.get("leakage")]
     # off by default: no such rows, and the run id of every config before the switch is unchanged
     assert tiny_config().run_id() == tiny_config(over={"eval.privacy_images": 8}).run_id()
+
+
+def test_every_candidate_of_the_attack_gets_its_own_noise(monkeypatch, tiny_data, test_split):
+    # prepare: every client holds the same 4 images and the held-out images are those images too, so
+    # scores can differ only through the noise each candidate is given
+    cfg = tiny_config(over={"eval.privacy_metrics": True, "eval.privacy_images": 4})
+    ctx = build_context(cfg, data=tiny_data)
+    same = ctx.client_indices[0][:4]
+    ctx.client_indices = [same.clone() for _ in range(4)]
+    seen = []
+    real = leakage.image_losses
+
+    def spy(ctx_, params, images, seed, batch=128):
+        out = real(ctx_, params, images, seed, batch)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(leakage, "image_losses", spy)
+    # execute: 16 members (4 clients x the same 4 images) against those 4 images as non-members, 4 times over
+    held = tiny_data.images[same.repeat(4)]
+    leakage.membership(cfg, ctx, ctx.init_params, held)
+    losses = np.concatenate(seen)
+    # assert: 32 candidates, 32 different losses -- no two candidates share a noise (restarting the
+    # noise stream per client made the 4 clients' copies of an image score identically, and biased the AUC)
+    assert losses.shape == (32,) and len(np.unique(losses)) == 32

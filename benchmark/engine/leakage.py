@@ -12,7 +12,8 @@ Membership inference (benchmark/metrics/membership.py): a loss attack. The attac
 final global model's weights (white box: the server's model, before any sampling rule of a
 pruning method; for an expert mixture, every expert, and it takes the lowest loss over them)
 and candidate images; its score is minus the diffusion loss averaged over a few fixed noise
-levels (LEVELS) with one fixed Gaussian noise per image. Members are up to eval.privacy_images
+levels (LEVELS) with one fixed Gaussian noise per image, drawn independently for every candidate
+(members and non-members alike, in one stream). Members are up to eval.privacy_images
 of each client's training images; non-members as many held-out test images per client. An
 untrained model cannot tell them apart (AUC 0.5): a test checks it.
 """
@@ -103,8 +104,12 @@ def membership(cfg: RunConfig, ctx: Any, params: torch.Tensor, test: torch.Tenso
     if wanted > test.shape[0]:
         notes.append(f"membership inference: {wanted} members but only {test.shape[0]} held-out images; all of them are used")
     held = test[np.sort(np_rng(cfg.seed, "membership", "nonmembers").choice(test.shape[0], size=min(wanted, test.shape[0]), replace=False))]
-    scores = [-image_losses(ctx, params, m, cfg.seed) for m in members]  # a higher score: "a member"
-    rows, more = membership_rows(scores, -image_losses(ctx, params, held, cfg.seed), seed=cfg.seed)
+    # ONE pass over every candidate, so each image gets its own noise draw: a noise stream restarted per
+    # client would give every client's members the same few noises (and, untrained, a loss that depends
+    # on those draws), moving the AUC away from chance by the noises alone
+    score = -image_losses(ctx, params, torch.cat([*members, held]), cfg.seed)  # a higher score: "a member"
+    cuts = np.cumsum([len(m) for m in members])
+    rows, more = membership_rows(np.split(score[:wanted], cuts[:-1]), score[wanted:], seed=cfg.seed)
     for row in rows:
         row.update(noise_levels=list(LEVELS), objective=cfg.train.objective)
     return rows, notes + more
