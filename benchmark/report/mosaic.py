@@ -35,8 +35,11 @@ def _wrap(text: str, draw: ImageDraw.ImageDraw, font: Any, width: int) -> list[s
     return lines or [""]
 
 
-def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int = 192) -> tuple[Path | None, list[str]]:
-    """Side-by-side grids of one block (first seed per setting), captioned with method, params and score."""
+def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int = 192,
+                extra: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
+    """Side-by-side grids of one block (first seed per setting), captioned with method, params and score;
+    `extra`: group_key -> the config that tells a setting apart from the block's others (e.g. DP's
+    "(clip=2, noise=0.1)", see frames.curve_labels), added to the method's line."""
     notes: list[str] = []
     tiles: list[tuple[Image.Image, list[str]]] = []
     for _, row in block.iterrows():
@@ -53,7 +56,8 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
         score = f"{primary} {fmt_metric(row, primary, int(row['n']))}" if primary and row[f"{primary}_n"] else "no score"
         method = f"untrained ({row['method']})" if row["baseline"] else str(row["method"])
         rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])} "
-        caption = [f"{rank}{method}", str(row["params"]), score, f"seed {row['grid_seed']}"]
+        told = "" if row["baseline"] else (extra or {}).get(str(row["group_key"]), "")
+        caption = [f"{rank}{method}{' ' + told if told else ''}", str(row["params"]), score, f"seed {row['grid_seed']}"]
         tiles.append((tile, [c for c in caption if c]))
     if not tiles:
         return None, notes + [f"{title}: no readable grid.png, mosaic skipped"]

@@ -16,6 +16,7 @@ copy rate, and quality against epsilon).
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -125,13 +126,20 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str) -> str:
     return "\n".join(lines)
 
 
+def short_labels(settings: list[str]) -> dict[str, str]:
+    """setting -> its label without the "[hyperparameters]" where its method name alone is unique."""
+    bare = {s: re.sub(r" \[[^\]]*\]", "", s) for s in settings}
+    return {s: b if list(bare.values()).count(b) == 1 else s for s, b in bare.items()}
+
+
 def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
     """Quality against copy rate (every setting) and against epsilon (the DP settings and the reference)."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     colors = plt.get_cmap("tab10")
+    names = short_labels([str(s) for s in table["setting"]])
     for i, (_, row) in enumerate(table.iterrows()):
         style = dict(color=colors(i % 10), marker="s" if row["baseline"] else ("D" if row["dp"] else "o"), capsize=3, ms=7,
-                     label=str(row["setting"]))
+                     label=names[str(row["setting"])])
         xerr = None if math.isnan(row[f"{COPY}_low"]) else [[row[COPY] - row[f"{COPY}_low"]], [row[f"{COPY}_high"] - row[COPY]]]
         yerr = None if math.isnan(row[f"{metric}_low"]) else [[row[metric] - row[f"{metric}_low"]], [row[f"{metric}_high"] - row[metric]]]
         axes[0].errorbar([row[COPY]], [row[metric]], xerr=xerr, yerr=yerr, **style)
@@ -140,13 +148,14 @@ def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
             x = row["epsilon"] if math.isfinite(row["epsilon"]) else (max(finite) * 3 if finite else 1.0)
             axes[1].errorbar([x], [row[metric]], yerr=yerr, **style)
             if not math.isfinite(row["epsilon"]):
-                axes[1].annotate("ε = ∞", (x, row[metric]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+                axes[1].annotate("no DP: ε = ∞", (x, row[metric]), textcoords="offset points", xytext=(-40, -22), fontsize=8)
     axes[0].set(xlabel="copy rate (d1/d2 < 1/3 to the clients' images, pixels)",
                 ylabel=f"{metric} (lower is better)", title="quality vs memorization")
     axes[1].set(xscale="log", xlabel="ε (δ per run; log scale)", ylabel=f"{metric} (lower is better)",
                 title="quality vs the DP guarantee")
-    axes[0].legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
