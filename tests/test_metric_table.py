@@ -24,10 +24,13 @@ def test_entries_are_consistent():
         assert m.name == name and m.better in ("lower", "higher")
         assert m.extractor is None or m.extractor in table.EXTRACTORS, name
         assert (m.reference == "train") == (m.kind == "client"), name  # per-client rows need the clients' split
+        assert (m.reference == "own") == (m.kind == "leakage"), name  # leakage rows name their own reference
         assert m.requestable == (m.kind in ("frechet", "kid")), name
-    # precision/recall/density/coverage in every extractor's space, better when higher; the rest lower
+    # precision/recall/density/coverage in every extractor's space, better when higher, and the leakage
+    # rows' nearest distances (farther from the images is better); the rest lower
     prdc = {table.prdc_metric(k, e) for k in PRDC_METRICS for e in table.EXTRACTORS}
-    assert prdc == {n for n, m in table.METRICS.items() if m.better == "higher"}
+    distances = {f"nn_{s}_{space}" for s in ("train", "test") for space in ("pixel", "fmnist")}
+    assert prdc | distances == {n for n, m in table.METRICS.items() if m.better == "higher"}
     # every Frechet metric has its per-client rows, in its own extractor's space
     for ex in table.frechet_extractors():
         fd = table.frechet_metric(ex)

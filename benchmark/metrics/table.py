@@ -40,8 +40,9 @@ __all__ = [
 
 Better = Literal["lower", "higher"]
 Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage"]
-# "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold
-ReferenceRule = Literal["eval", "train"]
+# "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold;
+# "own": the rows name their reference themselves (leakage: the clients' images vs the test split)
+ReferenceRule = Literal["eval", "train", "own"]
 
 # Feature extractors (benchmark.metrics.features.get_extractor names, which are also the names the
 # metric rows record under "extractor"), in the order their metrics are listed.
@@ -82,10 +83,10 @@ def _entries() -> list[Metric]:
     # what a run leaks (eval.privacy_metrics; benchmark/engine/leakage.py): less is better, farther from
     # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
     for space, ex in (("pixel", None), ("fmnist", "fmnist")):
-        out += [Metric(f"{key}_{space}", ex, "lower", "leakage", reference="train")
+        out += [Metric(f"{key}_{space}", ex, "lower", "leakage", reference="own")
                 for key in ("copy_rate", "copy_rate_test", "copy_rate_client_max")]
-        out += [Metric(f"{key}_{space}", ex, "higher", "leakage", reference="train") for key in ("nn_train", "nn_test")]
-    out += [Metric(name, None, "lower", "leakage", reference="train") for name in ("mia_auc", "mia_tpr_1fpr", "mia_auc_client_max")]
+        out += [Metric(f"{key}_{space}", ex, "higher", "leakage", reference="own") for key in ("nn_train", "nn_test")]
+    out += [Metric(name, None, "lower", "leakage", reference="own") for name in ("mia_auc", "mia_tpr_1fpr", "mia_auc_client_max")]
     return out
 
 
