@@ -187,15 +187,16 @@ def test_the_reporter_only_reads_drift_and_the_later_record_fills_the_column(tmp
         table = collect(tmp_path).table.set_index("method")
         build_report(tmp_path, tmp_path / "report0")
     assert table["drift_mean"].isna().all() and table["drift_pixel_mean"].isna().all()
-    assert "| drift |" not in (tmp_path / "report0" / "leaderboard.md").read_text()
+    assert "drift (features)" not in (tmp_path / "report0" / "leaderboard.md").read_text()
     assert {d: (d / "metrics.json").read_bytes() for d in runs} == before
     # execute: the later record (what the grid runner calls once its cells are done), then the report
     assert drift.record_missing_drift(runs) == runs
     table = collect(tmp_path).table.set_index("method")
     build_report(tmp_path, tmp_path / "report")
-    # assert: pixel drift 51/255 for the pruned run, 0 for FedAvg itself; a drift column in the markdown
+    # assert: pixel drift 51/255 for the pruned run, 0 for FedAvg itself; drift columns in the markdown's diagnostics table
     assert table.loc["random_prune", "drift_pixel_mean"] == pytest.approx(51 / 255)
     assert table.loc["fedavg", "drift_pixel_mean"] == 0.0
     assert table.loc["random_prune", "drift_mean"] > 0 and table.loc["fedavg", "drift_mean"] == 0.0  # classifier features
-    assert "| fd_fmnist | drift | n |" in (tmp_path / "report" / "leaderboard.md").read_text()
+    diagnostics = (tmp_path / "report" / "leaderboard.md").read_text().split("### Drift and diagnostics", 1)[1]
+    assert "| rank | setting | drift (features) | drift (pixels) |" in diagnostics
     assert "drift_pixel_mean" in (tmp_path / "report" / "leaderboard.csv").read_text().splitlines()[0]

@@ -99,7 +99,8 @@ def test_interval_sentence_names_each_kind_once_with_its_metrics(tmp_path):
     make_run(runs, "b", method="fedprox", params={"mu": 0.1}, evaluations=[fd_ci(30.0, 26.0, 34.0), dict(tv, value=0.3)])
     build_report(runs, tmp_path / "out")
     md = (tmp_path / "out" / "leaderboard.md").read_text()
-    line = next(x for x in md.splitlines() if x.startswith("Intervals [low, high]:"))
+    line = next(x for x in md.splitlines() if "Intervals [low, high]:" in x)
+    line = line[line.index("Intervals [low, high]:"):]
     assert f"fd_fmnist: {CI}" in line and f"mode_tv: {plain};" not in line and f"mode_tv: {plain}." in line
     assert line.count("basic bootstrap") == 2
 

@@ -136,7 +136,7 @@ def test_markdown_content(report: tuple[Path, Path, dict[str, Path]]) -> None:
     md = written["leaderboard_md"].read_text()
     assert "## fmnist / iid" in md
     assert "12 ± 2.8" in md  # fedavg mean ± std
-    assert "x4.0" in md
+    assert "4.0× less" in md  # random_prune's uplink vs fedavg's
     assert "untrained (fedavg)" in md
     assert "0.02 ± 0.003 (s.e.)" in md
     failures = md.split("## Failed and diverged runs", 1)[1].split("## Plots", 1)[0]
@@ -145,6 +145,60 @@ def test_markdown_content(report: tuple[Path, Path, dict[str, Path]]) -> None:
         line = next(ln for ln in failures.splitlines() if f"| {run_id} |" in ln)
         assert reason in line
     assert "| diverged |" in failures and "| failed |" in failures and "| unreadable |" in failures
+
+
+def _block(md: str, title: str) -> str:
+    return md.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def _table_rows(text: str, header_start: str) -> list[list[str]]:
+    """The rows of the first markdown table whose header line starts with `header_start`."""
+    lines = text.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith(header_start))
+    rows = []
+    for ln in lines[i:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return [rows[0]] + rows[2:]
+
+
+def test_main_table_reads_at_a_glance(report: tuple[Path, Path, dict[str, Path]]) -> None:
+    """The main table holds the ranking metric only; the others are in their own tables; a
+    hyperparameter at the method's default is not repeated; provenance is stated once per block."""
+    _, _, written = report
+    block = _block(written["leaderboard_md"].read_text(), "fmnist / iid")
+    main = _table_rows(block, "| rank | method |")
+    header = main[0]
+    assert header[:3] == ["rank", "method", "hyperparameters"] and "fd_fmnist ↓" in header
+    assert not any(h.startswith("kid") for h in header)  # a secondary metric, not in the main table
+    assert {"uplink MB", "uplink vs fedavg", "wall time"} <= set(header)
+    rows = {r[1]: dict(zip(header, r)) for r in main[1:]}
+    # random_prune's keep_ratio=0.5 is its default: not shown; scope is not one of its hyperparameters: shown
+    assert rows["random_prune"]["hyperparameters"] == "scope=layer"
+    assert rows["fedavg"]["fd_fmnist ↓"].startswith("12 ± 2.8")
+    secondary = _table_rows(block, "| rank | setting |")
+    assert "kid ↓" in secondary[0] and any(r[1] == "random_prune (scope=layer)" for r in secondary[1:])
+    # the first sentence says who ranks first and with what
+    assert block.strip().splitlines()[0].startswith("**random_prune (scope=layer)** ranks first: fd_fmnist 11")
+    assert block.count("extractor=fmnist_cnn") == 1  # fd_fmnist's provenance, once for the block
+
+
+def test_rerender_from_csv_matches_the_report(report: tuple[Path, Path, dict[str, Path]], tmp_path: Path) -> None:
+    """A report re-rendered from its leaderboard.csv and report.json alone (no run folders) is the same page."""
+    import shutil
+
+    from dfbench.benchmark.report.build import rerender
+
+    _, out, written = report
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    again = rerender(copy)
+    assert again["leaderboard_md"].read_text() == written["leaderboard_md"].read_text()
+    assert again["leaderboard_html"].read_text() == written["leaderboard_html"].read_text()
+    (copy / "leaderboard.csv").unlink()
+    with pytest.raises(FileNotFoundError, match="leaderboard.csv"):
+        rerender(copy)
 
 
 def test_html_self_contained(report: tuple[Path, Path, dict[str, Path]]) -> None:

@@ -11,9 +11,15 @@ pandas frames for notebooks and tests. The work is split by concern:
 - ``run_folders``   reading run folders (``RunRecord`` / ``RunFailure``)
 - ``frames``        per-run frames, seed aggregation, ranks (``collect``); which metric ranks and
                     which direction is better come from ``benchmark/metrics/table.py``
-- ``formatting``    cell formatting and block views shared by the writers
-- ``tables``        leaderboard.md / .csv / .html, inference_rules.csv
+- ``formatting``    cell formatting shared by the writers
+- ``layout``        what the page shows per block (headline, main and secondary tables, provenance),
+                    from the aggregated table alone plus ``report.json`` (``PageMeta``)
+- ``tables``        leaderboard.md / .csv, inference_rules.csv; ``page`` the self-contained HTML report
 - ``mosaic``        sample-grid mosaics; ``plots`` the seaborn plots
+
+:func:`rerender` rebuilds leaderboard.md / .html and the plots drawn from the table alone
+(metric vs alpha, metric vs uplink) from a report folder's leaderboard.csv and report.json:
+a new page layout reaches a committed report without its run folders.
 """
 
 from __future__ import annotations
@@ -23,14 +29,16 @@ from pathlib import Path
 
 from dfbench.benchmark.report.mosaic import make_mosaic
 from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, curve_labels, primary_metric, runs_frame
-from dfbench.benchmark.report.formatting import block_title, blocks, safe_name
+from dfbench.benchmark.report.formatting import block_title, blocks, metric_provenance, safe_name
+from dfbench.benchmark.report.layout import META_FILE, PageMeta, metrics_of
 from dfbench.benchmark.report.run_folders import RunFailure, RunRecord, find_run_dirs, format_params, load_runs, normalize_config, parse_alpha, read_run
-from dfbench.benchmark.report.tables import write_csv, write_html, write_inference_csv, write_markdown
+from dfbench.benchmark.report.page import write_html
+from dfbench.benchmark.report.tables import failure_rows, write_csv, write_inference_csv, write_markdown
 
 __all__ = [
     "PRIMARY_METRICS", "ReportData", "RunFailure", "RunRecord", "aggregate", "build_report", "collect",
     "find_run_dirs", "format_params", "load_runs", "make_mosaic", "normalize_config", "parse_alpha",
-    "primary_metric", "read_run", "runs_frame", "write_csv", "write_html", "write_inference_csv", "write_markdown",
+    "primary_metric", "read_run", "rerender", "runs_frame", "write_csv", "write_html", "write_inference_csv", "write_markdown",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,10 +81,17 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     for note in notes:
         logger.warning("report: %s", note)
 
+    meta = PageMeta(
+        n_runs=len(data.runs), n_failed=len(data.failures), hardware=list(data.hardware),
+        failures=failure_rows(data.failures, root), warnings=list(data.warnings), notes=list(notes),
+        provenance={block_title(d, p): metric_provenance(data.evaluations, block["group_key"]) for (d, p), block in blocks(data.table)},
+        runs_dir=_relative(root, out), target=list(data.target) if data.target else None,
+    )
     written: dict[str, Path] = {
-        "leaderboard_md": write_markdown(data, out, root, images, notes),
         "leaderboard_csv": write_csv(data.table, data.metrics, out / "leaderboard.csv"),
-        "leaderboard_html": write_html(data, out, root, images, notes),
+        "report_json": meta.write(out),
+        "leaderboard_md": write_markdown(data.table, data.metrics, meta, out, _targets(images, out)),
+        "leaderboard_html": write_html(data.table, data.metrics, meta, out, images),
     }
     if not data.inference.empty:  # only then: a report over runs without rule rows is what it always was
         written["inference_rules_csv"] = write_inference_csv(data.inference, out / "inference_rules.csv")
@@ -85,4 +100,63 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         skipped = out / "skipped.txt"
         skipped.write_text("\n".join(notes) + "\n", encoding="utf-8")
         written["skipped"] = skipped
+    return written
+
+
+def _relative(path: Path, start: Path) -> str | None:
+    """`path` relative to `start` (for links from the report to the run folders), None if on another drive."""
+    import os
+
+    try:
+        return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+    except ValueError:
+        return None
+
+
+def _targets(images: dict[str, Path], out: Path) -> dict[str, str]:
+    return {k: Path(p).resolve().relative_to(out.resolve()).as_posix() for k, p in images.items()}
+
+
+def rerender(out_dir: str | Path, target: tuple[str, float] | None = None) -> dict[str, Path]:
+    """Rewrite a report folder's leaderboard.md and .html, and its table-drawn plots, from its
+    leaderboard.csv and report.json alone (no run folders). The mosaics and the other plots stay as
+    they are and are shown again. `target`: as `build_report`'s (report.json's when None)."""
+    import json
+
+    import pandas as pd
+
+    from dfbench.benchmark.report.plots import PLOT_NAMES, table_plots
+
+    out = Path(out_dir)
+    csv, meta_path = out / "leaderboard.csv", out / META_FILE
+    if not csv.is_file():
+        raise FileNotFoundError(f"{csv} not found: --from-csv re-renders a report folder that `dfbench report` wrote")
+    meta = PageMeta.from_json(json.loads(meta_path.read_text(encoding="utf-8"))) if meta_path.is_file() else PageMeta()
+    if target is not None:
+        meta.target = list(target)
+    table = pd.read_csv(csv, keep_default_na=True)
+    params = table["params"].fillna("")
+    table = pd.concat([table.drop(columns=["params"]), pd.DataFrame({
+        "params": params,
+        "setting": [f"{m} [{p}]" if p else str(m) for m, p in zip(table["method"], params)],
+        "alpha": table["partition"].map(parse_alpha),
+    }, index=table.index)], axis=1)
+    metrics = metrics_of(table)
+    plots, plot_notes = table_plots(table, metrics, out / "plots")
+    images: dict[str, Path] = {}
+    for (dataset, partition), _ in blocks(table):
+        name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
+        if (out / f"{name}.png").is_file():
+            images[name] = out / f"{name}.png"
+    drawn = {**{png.stem: png for png in ((out / "plots").glob("*.png") if (out / "plots").is_dir() else [])}, **plots}
+    for name in sorted(drawn, key=lambda n: (PLOT_NAMES.index(n) if n in PLOT_NAMES else len(PLOT_NAMES), n)):
+        images[f"plot_{name}"] = drawn[name]  # in build_report's order
+    meta.notes = [n for n in meta.notes if not any(n.startswith(f"plot {k}:") for k in plots)] + \
+        [f"plot {k}: {v}" for k, v in plot_notes.items() if not any(n.startswith(f"plot {k}:") for n in meta.notes)]
+    written = {
+        "report_json": meta.write(out),
+        "leaderboard_md": write_markdown(table, metrics, meta, out, _targets(images, out)),
+        "leaderboard_html": write_html(table, metrics, meta, out, images),
+    }
+    written.update({f"plot_{k}": v for k, v in plots.items()})
     return written

@@ -1,14 +1,14 @@
 """Formatting shared by the Markdown and HTML leaderboards and the mosaic captions.
 
-Numbers as short strings, one block's display rows (:func:`block_view`), and
-the per-block note on how each metric was computed (:func:`metric_notes`).
+Numbers as short strings, the sentence on a block's intervals, and how each metric was
+computed (:func:`metric_provenance`); what the page shows is ``layout``'s.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -16,7 +16,7 @@ import pandas as pd
 from dfbench.benchmark.report.frames import ordered_metrics
 from dfbench.benchmark.report.run_folders import to_float
 
-# Budget columns always shown in the block tables (others only when they vary).
+# Config keys listed after the other varying ones in a block's main table (shown only when they vary).
 ALWAYS_SHOWN_CONFIG: tuple[str, ...] = ("rounds",)
 
 
@@ -59,50 +59,6 @@ def _fmt_seconds(seconds: Any) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def block_view(block: pd.DataFrame, metrics: Sequence[str], higher: Iterable[str] = (),
-               target: tuple[str, float] | None = None) -> tuple[list[str], list[list[str]], dict[str, str]]:
-    """Headers, display rows and shared settings of one dataset/partition block.
-
-    Metrics in `higher` (better when higher) get " ↑" in their header; a rank shared with
-    another setting (overlapping intervals) is written "1=". "sim time" (the simulated clock)
-    appears when a run of the block recorded one, "ε (DP)" when a run ran under DP with noise
-    (∞ for the block's other settings: no guarantee); with `target` (metric, value) a column gives
-    the simulated time to first reach it on the quality curve: the mean over the seeds that
-    do, and "(k/n)" when not all of them do ("not reached" when none).
-    """
-    higher = set(higher)
-    present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
-    cfg_cols = [c for c in block.columns if c.startswith("cfg.")]
-    varying = [c for c in cfg_cols if block[c].astype(str).nunique(dropna=False) > 1]
-    shown_cfg = [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in block.columns]
-    shown_cfg += [c for c in varying if c not in shown_cfg]
-    shared = {c[4:]: str(block[c].iloc[0]) for c in cfg_cols if c not in shown_cfg and c not in varying}
-    drift = block["drift_mean"].notna().any() if "drift_mean" in block else False  # same-noise drift, when any run has it
-    sim = bool(block["sim_seconds_mean"].notna().any()) if "sim_seconds_mean" in block else False
-    eps = bool(block["epsilon_mean"].notna().any()) if "epsilon_mean" in block else False  # a DP run with noise
-    reach = target is not None and "time_to_target_mean" in block
-    reach_header = [f"sim time to {target[0]} {'≥' if target[0] in higher else '≤'} {target[1]:g}"] if reach and target else []
-    headers = ["rank", "method", "params", *[f"{m} ↑" if m in higher else m for m in present], *(["drift"] if drift else []), "n", "uplink MB", "compression", "wall time",
-               *(["sim time"] if sim else []), *(["ε (DP)"] if eps else []), *reach_header, *[c[4:] for c in shown_cfg]]
-    rows: list[list[str]] = []
-    for _, row in block.iterrows():
-        ratio = row["compression_ratio"]
-        compression = "" if pd.isna(ratio) else f"x{ratio:.1f}" + ("*" if row["compression_ref"] == "per upload" else "")
-        rank = "" if pd.isna(row["rank"]) else str(int(row["rank"])) + ("=" if row.get("rank_tie") else "")
-        method = f"untrained ({row['method']})" if row["baseline"] else str(row["method"])
-        rows.append(
-            [rank, method, str(row["params"]), *[fmt_metric(row, m, int(row["n"])) for m in present],
-             *([fmt_number(row["drift_mean"]) if not pd.isna(row["drift_mean"]) else ""] if drift else []),
-             str(int(row["n"])), fmt_number(row["uplink_mb_mean"]), compression, _fmt_seconds(row["wall_seconds_mean"]),
-             *([_fmt_seconds(row["sim_seconds_mean"])] if sim else []),
-             *([fmt_number(row["epsilon_mean"]) if not pd.isna(row["epsilon_mean"]) else "∞"] if eps else []),
-             *([_fmt_reach(row)] if reach else []),
-             *[fmt_number(row[c]) if isinstance(row[c], (int, float)) and not isinstance(row[c], bool) else str(row[c])
-               for c in shown_cfg]]
-        )
-    return headers, rows, shared
-
-
 def _fmt_reach(row: pd.Series) -> str:
     """The time-to-target cell: mean over the seeds that reached it, '(k/n)' if not all did."""
     k, n = int(row.get("time_to_target_reached", 0) or 0), int(row["n"])
@@ -143,10 +99,11 @@ def _fmt_meta(value: Any) -> str:
     return str(value)
 
 
-def metric_notes(evals: pd.DataFrame, group_keys: Iterable[str]) -> list[str]:
-    """How each metric was computed in this block (extractor, backend, samples, sampler, reference)."""
+def metric_provenance(evals: pd.DataFrame, group_keys: Iterable[str]) -> dict[str, str]:
+    """metric -> how it was computed in this block (extractor, backend, samples, sampler, reference),
+    "(MIXED settings: not comparable)" when the block's runs disagree."""
     sub = evals[evals["group_key"].isin(list(group_keys))]
-    notes: list[str] = []
+    out: dict[str, str] = {}
     for metric in ordered_metrics(sub["metric"].unique()):
         m = sub[sub["metric"] == metric]
         parts: list[str] = []
@@ -158,8 +115,13 @@ def metric_notes(evals: pd.DataFrame, group_keys: Iterable[str]) -> list[str]:
             mixed |= len(values) > 1  # (a single value may itself contain "/", e.g. reference=fmnist/train)
             if values:
                 parts.append(f"{col}={' | '.join(values)}")
-        notes.append(f"{metric}: {', '.join(parts) or 'no metadata'}" + (" (MIXED settings: not comparable)" if mixed else ""))
-    return notes
+        out[metric] = (", ".join(parts) or "no metadata") + (" (MIXED settings: not comparable)" if mixed else "")
+    return out
+
+
+def metric_notes(evals: pd.DataFrame, group_keys: Iterable[str]) -> list[str]:
+    """How each metric was computed in this block, one line per metric."""
+    return [f"{metric}: {how}" for metric, how in metric_provenance(evals, group_keys).items()]
 
 
 def blocks(table: pd.DataFrame) -> list[tuple[tuple[str, str], pd.DataFrame]]:

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from dfbench.benchmark.core import runfolder  # noqa: E402
 from dfbench.benchmark.report.frames import better, primary_metric  # noqa: E402
@@ -105,56 +105,109 @@ def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: 
     return _save(grid, path, "mean ± std over seeds")
 
 
-def plot_metric_vs_alpha(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
-    """Score vs Dirichlet alpha per method setting (log x); iid is omitted (alpha = inf)."""
-    df = _with_score(runs, metrics)
-    if df.empty or "alpha" not in df:
+def _setting_label(row: pd.Series) -> str:
+    return f"{row['method']} ({row['params']})" if isinstance(row.get("params"), str) and row["params"] else str(row["method"])
+
+
+def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
+                           log_x: bool | None, connect: bool, ticks_at_values: bool) -> Path | str:
+    """One panel per dataset; one colour per setting (method and hyperparameters); the seed mean of
+    the dataset's ranking metric with its 95% interval as a bar. Settings that share an x value are
+    spread sideways by a small fixed offset (said in the note) so that no bar hides another."""
+    df = _with_score(table, metrics, suffix="_mean")
+    df = df[pd.to_numeric(df[x], errors="coerce") > 0] if len(df) else df
+    if df.empty:
+        return f"no scored setting with {x} > 0"
+    df = df.assign(label=[_setting_label(r) for _, r in df.iterrows()], xv=pd.to_numeric(df[x]))
+    datasets = sorted(df["dataset"].unique())
+    labels = list(dict.fromkeys(df.sort_values("label")["label"]))
+    colors = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
+    markers = dict(zip(sorted(df["partition"].unique()), "oXs^DvP*"))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        panel = df[df["dataset"] == dataset]
+        xs = panel["xv"].to_numpy(float)
+        log = bool(xs.max() / xs.min() > 20) if log_x is None else log_x
+        n = len(labels)
+        for i, label in enumerate(labels):
+            pts = panel[panel["label"] == label].sort_values("xv")
+            if pts.empty:
+                continue
+            shift = (i - (n - 1) / 2) * 0.012  # in decades (log x) or in fractions of the x range
+            if log:
+                xp = pts["xv"] * 10 ** shift
+            else:
+                span = float(xs.max() - xs.min()) or float(xs.max())
+                xp = pts["xv"] + shift * span
+            low = (pts["score"] - pts["score_low"]).clip(lower=0).fillna(0)
+            high = (pts["score_high"] - pts["score"]).clip(lower=0).fillna(0)
+            ax.errorbar(xp, pts["score"], yerr=[low, high], fmt="-" if connect else "none", color=colors[label],
+                        elinewidth=1, capsize=2, lw=1.2, alpha=0.9)
+            for part, grp in pts.assign(xp=xp).groupby("partition"):
+                ax.scatter(grp["xp"], grp["score"], color=colors[label], marker=markers[part], s=40, zorder=3,
+                           edgecolor="white", linewidth=0.5)
+        if log:
+            ax.set_xscale("log")
+        if ticks_at_values:  # one labelled tick per value present, no minor labels (they overlapped)
+            values = sorted(set(xs))
+            ax.set_xticks(values)
+            ax.set_xticklabels([f"{v:g}" for v in values])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            pad = 10 ** 0.15 if log else 0
+            if log:
+                ax.set_xlim(min(values) / pad, max(values) * pad)
+        metric = str(panel["score_metric"].iloc[0])
+        ax.set_title(f"{dataset} ({metric})")
+        ax.set_ylabel(f"{metric} ({better(metric)} is better)")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.25)
+    handles = [plt.Line2D([], [], color=colors[l], marker="o", ls="-" if connect else "", label=l) for l in labels]
+    if len(markers) > 1:
+        handles += [plt.Line2D([], [], color="#555", marker=m, ls="", label=p) for p, m in markers.items()]
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
+    fig.text(0.01, -0.02, note, fontsize=8, color="#555", ha="left", va="top")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_metric_vs_alpha(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+    """Score vs Dirichlet alpha per method setting (log x, a labelled tick at each alpha); iid is
+    omitted (alpha = inf). Drawn from the aggregated table: seed mean and 95% interval."""
+    if table.empty or "alpha" not in table:
         return "no scored runs"
-    n_iid = int((df["partition"] == "iid").sum())
-    df = df[df["alpha"].notna()]
+    scored = _with_score(table, metrics, suffix="_mean")
+    if scored.empty:
+        return "no scored runs"
+    n_iid = int((scored["partition"] == "iid").sum())
+    df = table[pd.to_numeric(table["alpha"], errors="coerce").notna()]
     if df.empty:
         return "no run with a dirichlet:A partition"
-    grid = sns.relplot(
-        data=df, x="alpha", y="score", hue="setting", col="dataset", kind="line", marker="o", errorbar="sd",
-        facet_kws={"sharey": False}, height=3.5, aspect=1.2,
-    )
-    for ax in grid.axes.flat:
-        ax.set_xscale("log")
-    _label_panels(grid, df)
-    grid.set_xlabels("Dirichlet alpha (smaller = more heterogeneous)")
-    note = f"iid runs ({n_iid}) omitted: alpha = inf" if n_iid else None
-    return _save(grid, path, note)
+    note = "seed mean of each setting; bars: 95% interval; settings at one alpha are spread sideways so no bar hides another"
+    if n_iid:
+        note += f"; iid settings ({n_iid}) omitted: alpha = inf"
+    return _points_with_intervals(df, metrics, "alpha", path, "Dirichlet alpha (smaller = more heterogeneous)", note,
+                                  log_x=True, connect=True, ticks_at_values=True)
 
 
 def plot_metric_vs_uplink(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
-    """Communication-quality front: one point per method setting (seed means)."""
+    """Communication-quality front: one point per method setting (seed means) with its 95% interval."""
     if table.empty:
         return "no finished runs"
-    df = _with_score(table, metrics, suffix="_mean")
-    df = df[pd.to_numeric(df["uplink_mb_mean"], errors="coerce") > 0]
-    if df.empty:
-        return "no scored setting with uplink_bits > 0"
-    grid = sns.relplot(
-        data=df, x="uplink_mb_mean", y="score", hue="method", style=_style(df), col="dataset", kind="scatter",
-        s=70, facet_kws={"sharey": False, "sharex": False}, height=3.5, aspect=1.2,
-    )
-    for name, ax in grid.axes_dict.items():
-        panel = df[df["dataset"] == name]
-        x = panel["uplink_mb_mean"].to_numpy(float)
-        if len(x) and x.max() / x.min() > 20:
-            ax.set_xscale("log")
-        bars = panel.dropna(subset=["score_low", "score_high"]) if "score_low" in panel else panel.iloc[:0]
-        if len(bars):  # error bars: the 95% interval of each setting's score
-            ax.errorbar(bars["uplink_mb_mean"], bars["score"], fmt="none", ecolor="#888", elinewidth=1, capsize=3,
-                        yerr=[(bars["score"] - bars["score_low"]).clip(lower=0), (bars["score_high"] - bars["score"]).clip(lower=0)])
-        for _, row in panel.iterrows():
-            if row["params"]:
-                ax.annotate(str(row["params"]), (row["uplink_mb_mean"], row["score"]), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points", color="#444")
-    _label_panels(grid, df)
-    grid.set_xlabels("total uplink (MB)")
-    return _save(grid, path, "one point per setting (mean over seeds); bars: 95% interval "
-                             "(t across seeds, else the run's bootstrap)")
+    return _points_with_intervals(table, metrics, "uplink_mb_mean", path, "total uplink (MB)",
+                                  "one point per setting (mean over seeds); bars: 95% interval (t across seeds, else the "
+                                  "run's bootstrap); settings with the same uplink are spread sideways",
+                                  log_x=None, connect=False, ticks_at_values=False)
+
+
+def table_plots(table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """The plots drawn from the aggregated table alone (a report re-rendered from leaderboard.csv redraws these)."""
+    return _run_jobs({
+        "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
+        "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
+    }, plots_dir)
 
 
 def plot_loss_per_round(rounds: pd.DataFrame, path: Path) -> Path | str:
@@ -255,13 +308,23 @@ def make_plots(
     """Draw every plot whose data exists; return (written plots, skipped plots with reasons)."""
     jobs: dict[str, Callable[[Path], Path | str]] = {
         "metric_vs_keep_ratio": lambda p: plot_metric_vs_keep_ratio(runs, metrics, p),
-        "metric_vs_alpha": lambda p: plot_metric_vs_alpha(runs, metrics, p),
+        "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
         "loss_per_round": lambda p: plot_loss_per_round(rounds, p),
         "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(runs, metrics, p),
         "metric_vs_w2": lambda p: plot_metric_vs_w2(runs, metrics, p),
         "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),
     }
+    assert list(jobs) == list(PLOT_NAMES)
+    return _run_jobs(jobs, plots_dir)
+
+
+# the order of the report's plots (build_report's and rerender's)
+PLOT_NAMES = ("metric_vs_keep_ratio", "metric_vs_alpha", "metric_vs_uplink", "loss_per_round", "metric_vs_gamma_star",
+              "metric_vs_w2", "quality_curves")
+
+
+def _run_jobs(jobs: dict[str, Callable[[Path], Path | str]], plots_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}
     for name, job in jobs.items():

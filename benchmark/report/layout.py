@@ -1,0 +1,438 @@
+"""The leaderboard's page layout, shared by leaderboard.md and the HTML report.
+
+A page is built from the aggregated table alone (one row per setting, the columns of
+leaderboard.csv) plus :class:`PageMeta` (what the CSV cannot hold: hardware, failures, how
+each metric was computed, notes), so a report can be re-rendered from a committed
+``leaderboard.csv`` and ``report.json`` without its run folders (`dfbench report --from-csv`).
+
+Per dataset/partition block (a "setting" is a method with its hyperparameters and config):
+
+- a one-sentence headline: who ranks first, by how much, who ties;
+- the main table: rank, method, the hyperparameters that differ from the method's defaults
+  (or vary between its settings in the block), config keys that tell settings apart, the
+  primary metric with its interval, uplink and its ratio to fedavg, wall time (and the simulated
+  clock, DP's epsilon, the time to a target where the runs have them);
+- secondary tables: other sample-quality metrics, per-client metrics, leakage, drift and
+  diagnostics, each only where a run recorded them;
+- how each metric was computed, once per block (metrics with the same provenance on one line),
+  and the config every setting shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dfbench.benchmark.metrics import table as metric_table
+from dfbench.benchmark.report.formatting import (
+    ALWAYS_SHOWN_CONFIG, _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
+    interval_sentence, safe_name,
+)
+from dfbench.benchmark.report.run_folders import to_float
+
+META_FILE = "report.json"
+META_VERSION = 1
+
+
+@dataclass
+class PageMeta:
+    """What a page needs beside leaderboard.csv; written as report.json next to it."""
+
+    n_runs: int = 0
+    n_failed: int = 0
+    hardware: list[str] = field(default_factory=list)
+    failures: list[list[str]] = field(default_factory=list)  # rows under FAILURE_HEADERS
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # skipped plots and mosaics
+    provenance: dict[str, dict[str, str]] = field(default_factory=dict)  # block title -> metric -> how computed
+    runs_dir: str | None = None  # the run folders, relative to the report folder (links), when known
+    target: list[Any] | None = None  # [metric, value] of --target
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": META_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PageMeta:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def write(self, out_dir: Path) -> Path:
+        path = out_dir / META_FILE
+        path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        return path
+
+
+FAILURE_HEADERS = ["run id", "dataset", "partition", "method", "state", "reason", "folder"]
+
+
+@dataclass
+class Table:
+    title: str | None
+    headers: list[str]
+    rows: list[list[str]]
+    sort_keys: list[list[Any]]  # per cell: a number (sorted numerically) or a string; None sorts last
+    note: str | None = None
+    links: list[list[tuple[str, str]]] = field(default_factory=list)  # per row: (label, run folder href)
+    numeric: list[bool] = field(default_factory=list)  # per column: right-aligned numbers
+
+
+@dataclass
+class Section:
+    dataset: str
+    partition: str
+    title: str
+    anchor: str
+    headline: str
+    ranking: str
+    intervals: str
+    main: Table
+    secondary: list[Table]
+    provenance: list[str]
+    not_computed: list[str]
+    shared: dict[str, str]
+    mosaic: str | None  # image key
+
+
+# ---------------------------------------------------------------------------------------------
+# hyperparameters
+
+def _method_defaults(method: str) -> dict[str, Any] | None:
+    from dfbench.methods.registry import method_help
+
+    try:
+        return {name: default for name, _, default in method_help(method)}
+    except KeyError:  # a method no longer (or not yet) registered here: show every hyperparameter
+        return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values, whichever way the CSV read them back (0.5 vs "0.5", True vs "True")."""
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
+        return str(a).strip().lower() == str(b).strip().lower()
+    fa, fb = to_float(a), to_float(b)
+    if not (math.isnan(fa) or math.isnan(fb)):
+        return fa == fb
+    return str(a) == str(b)
+
+
+def _shown(value: Any) -> str:
+    """A config value as the page prints it; a missing one (NaN as leaderboard.csv reads back "") is ""."""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
+
+
+def hyperparameters(block: pd.DataFrame) -> dict[int, str]:
+    """Row index -> the hyperparameters worth reading: those that differ from the method's default,
+    plus those that vary between the block's settings of the same method."""
+    cols = [c for c in block.columns if c.startswith("param.")]
+    out: dict[int, str] = {}
+    for method, rows in block.groupby("method", sort=False):
+        defaults = _method_defaults(str(method))
+        used = [c for c in cols if rows[c].map(_present).any()]
+        varying = {c for c in used if rows[c].astype(str).nunique(dropna=False) > 1}
+        for idx, row in rows.iterrows():
+            parts = []
+            for c in used:
+                name, value = c[len("param."):], row[c]
+                if not _present(value):
+                    continue
+                default = None if defaults is None else defaults.get(name, dataclasses.MISSING)
+                if c in varying or defaults is None or default is dataclasses.MISSING or not _same(value, default):
+                    parts.append(f"{name}={_shown(value)}")
+            out[idx] = ", ".join(parts)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# columns
+
+def _kind(metric: str) -> str:
+    entry = metric_table.get(metric)
+    return entry.kind if entry is not None else "quality"
+
+
+def _higher(metric: str) -> bool:
+    return metric_table.better(metric) == "higher"
+
+
+def _arrow(metric: str) -> str:
+    return f"{metric} ↑" if _higher(metric) else f"{metric} ↓"
+
+
+SECONDARY = (  # (title, metric kinds) in page order
+    ("Sample quality beyond the ranking metric", ("frechet", "kid", "prdc", "coverage", "quality")),
+    ("Per client and per expert", ("client",)),
+    ("Leakage: memorization and membership inference", ("leakage",)),
+)
+DIAGNOSTICS = (  # (column, header, formatter kind)
+    ("drift_mean", "drift (features)", "num"), ("drift_pixel_mean", "drift (pixels)", "num"),
+    ("gamma_star_mean", "γ*", "num"), ("w2_mean_mean", "W2 mean", "num"),
+    ("downlink_mb_mean", "downlink MB", "num"), ("dropped_updates_mean", "dropped updates", "num"),
+    ("rounds_done_mean", "rounds done", "num"),
+)
+
+
+def _number_key(value: Any) -> float | None:
+    v = to_float(value)
+    return None if math.isnan(v) else v
+
+
+def _metric_key(row: pd.Series, metric: str) -> float | None:
+    return _number_key(row.get(f"{metric}_mean"))
+
+
+def _rank_cell(row: pd.Series) -> tuple[str, float | None]:
+    if pd.isna(row["rank"]):
+        return "", None
+    tie = str(row.get("rank_tie")).lower() == "true"
+    return str(int(row["rank"])) + ("=" if tie else ""), float(row["rank"])
+
+
+def _method_cell(row: pd.Series) -> str:
+    baseline = str(row["baseline"]).lower() == "true"
+    return f"untrained ({row['method']})" if baseline else str(row["method"])
+
+
+def _is_baseline(row: pd.Series) -> bool:
+    return str(row["baseline"]).lower() == "true"
+
+
+def _varying_config(block: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
+    """Config keys that tell the block's trained settings apart, and the config they all share."""
+    cfg_cols = [c for c in block.columns if c.startswith("cfg.")]
+    trained = block[~block.apply(_is_baseline, axis=1)] if len(block) else block
+    if trained.empty:
+        trained = block
+    varying = [c for c in cfg_cols if trained[c].astype(str).nunique(dropna=False) > 1]
+    shared = {c[4:]: _shown(trained[c].iloc[0]) for c in cfg_cols if c not in varying}
+    return varying, shared
+
+
+def _usual(block: pd.DataFrame, col: str) -> str:
+    """The block's most common value of a config column (a tie goes to the config default, else the first seen)."""
+    from dfbench.benchmark.report.frames import CONFIG_DEFAULTS
+
+    counts: dict[str, int] = {}
+    for v in block[col].map(_shown):
+        counts[v] = counts.get(v, 0) + 1
+    top = max(counts.values())
+    tied = [v for v, n in counts.items() if n == top]
+    default = CONFIG_DEFAULTS.get(col[4:])
+    return _shown(default) if default is not None and _shown(default) in tied else tied[0]
+
+
+def _setting_label(row: pd.Series, params: str, varying: Sequence[str], usual: Mapping[str, str]) -> str:
+    """Method, its hyperparameters worth reading, and the config keys where this setting differs from
+    the block's usual value (so the usual setting reads as just its method)."""
+    extra = [params] if params else []
+    extra += [f"{c[4:]}={_shown(row[c])}" for c in varying if _shown(row[c]) != usual.get(c)]
+    return _method_cell(row) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _run_links(row: pd.Series, runs_dir: str | None) -> list[tuple[str, str]]:
+    if not runs_dir or not isinstance(row.get("run_ids"), str):
+        return []
+    from dfbench.benchmark.core.runfolder import slug
+
+    base = f"{runs_dir.rstrip('/')}/{row['dataset']}/{slug(str(row['partition']))}/{slug(str(row['method']))}"
+    seeds = str(row.get("seeds", "")).split(";")
+    ids = row["run_ids"].split(";")
+    return [(f"s{seeds[i]}" if i < len(seeds) and seeds[i] else run_id, f"{base}/{run_id}/") for i, run_id in enumerate(ids)]
+
+
+def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str]) -> str:
+    if not primary:
+        return "No ranking metric (fid / fd_*) recorded in this block."
+    ranked = block[block["rank"].notna()]
+    if ranked.empty:
+        return f"No setting has a {primary}."
+    first = ranked.iloc[0]
+    word = "higher" if _higher(primary) else "lower"
+    text = f"**{labels[ranked.index[0]]}** ranks first: {primary} {fmt_metric(first, primary, int(first['n']))} ({word} is better)."
+    tied = [labels[i] for i, r in ranked.iloc[1:].iterrows() if r["rank"] == first["rank"]]
+    if tied:
+        text += f" {_join(tied)} {'shares' if len(tied) == 1 else 'share'} its rank: the intervals overlap."
+    others = ranked[ranked["rank"] > first["rank"]]
+    if len(others):
+        nxt = others.iloc[0]
+        gap = to_float(nxt[f"{primary}_mean"]) - to_float(first[f"{primary}_mean"])
+        text += f" The best setting outside the tie, {labels[others.index[0]]}, is {fmt_number(abs(gap), 3)} {'lower' if gap < 0 else 'higher'}."
+    base = block[block.apply(_is_baseline, axis=1)]
+    if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
+        text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'])}."
+    return text
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _provenance_lines(prov: Mapping[str, str], metrics: Sequence[str]) -> list[str]:
+    """Metrics that were computed the same way share one line."""
+    grouped: dict[str, list[str]] = {}
+    for metric in metrics:
+        if metric in prov:
+            grouped.setdefault(prov[metric], []).append(metric)
+    return [f"{', '.join(ms)}: {how}" for how, ms in grouped.items()]
+
+
+def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence[str], meta: PageMeta,
+            images: Mapping[str, Any]) -> Section:
+    primary = block["primary_metric"].iloc[0] if "primary_metric" in block else None
+    primary = primary if isinstance(primary, str) and primary else None
+    present = [m for m in metrics if f"{m}_n" in block and pd.to_numeric(block[f"{m}_n"], errors="coerce").gt(0).any()]
+    params = hyperparameters(block)
+    varying, shared = _varying_config(block)
+    shown_cfg = [c for c in varying if c[4:] not in ALWAYS_SHOWN_CONFIG] + \
+        [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in varying]
+    usual = {c: _usual(block, c) for c in shown_cfg}
+    labels = {idx: _setting_label(row, params[idx], shown_cfg, usual) for idx, row in block.iterrows()}
+    target = tuple(meta.target) if meta.target else None
+
+    def has(col: str) -> bool:
+        return col in block and pd.to_numeric(block[col], errors="coerce").notna().any()
+
+    sim, eps = has("sim_seconds_mean"), has("epsilon_mean")
+    reach = target is not None and "time_to_target_mean" in block
+    headers = ["rank", "method", "hyperparameters", *[c[4:] for c in shown_cfg]]
+    if primary:
+        headers.append(_arrow(primary))
+    headers += ["n", "uplink MB", "uplink vs fedavg", "wall time"]
+    headers += (["sim time"] if sim else []) + (["ε (DP)"] if eps else [])
+    if reach:
+        headers.append(f"sim time to {target[0]} {'≥' if _higher(str(target[0])) else '≤'} {to_float(target[1]):g}")
+    rows, keys, links = [], [], []
+    for idx, row in block.iterrows():
+        rank, rank_key = _rank_cell(row)
+        ratio = to_float(row.get("compression_ratio"))
+        compression = _ratio_cell(ratio) + ("*" if not math.isnan(ratio) and row.get("compression_ref") == "per upload" else "")
+        cells = [rank, _method_cell(row), params[idx], *[_shown(row[c]) for c in shown_cfg]]
+        sk: list[Any] = [rank_key, _method_cell(row), params[idx], *[_number_key(row[c]) if _number_key(row[c]) is not None else _shown(row[c]) for c in shown_cfg]]
+        if primary:
+            cells.append(fmt_metric(row, primary, int(row["n"])))
+            sk.append(_metric_key(row, primary))
+        cells += [str(int(row["n"])), fmt_number(row.get("uplink_mb_mean")), compression, _fmt_seconds(row.get("wall_seconds_mean"))]
+        sk += [int(row["n"]), _number_key(row.get("uplink_mb_mean")), None if math.isnan(ratio) else ratio, _number_key(row.get("wall_seconds_mean"))]
+        if sim:
+            cells.append(_fmt_seconds(row.get("sim_seconds_mean")))
+            sk.append(_number_key(row.get("sim_seconds_mean")))
+        if eps:
+            e = to_float(row.get("epsilon_mean"))
+            cells.append("∞" if math.isnan(e) else fmt_number(e))
+            sk.append(math.inf if math.isnan(e) else e)
+        if reach:
+            cells.append(_fmt_reach(row))
+            sk.append(_number_key(row.get("time_to_target_mean")))
+        rows.append(cells)
+        keys.append(sk)
+        links.append(_run_links(row, meta.runs_dir))
+    numeric = [h not in ("method", "hyperparameters") and not h in [c[4:] for c in shown_cfg] for h in headers]
+    main = Table(None, headers, rows, keys, links=links, numeric=numeric)
+
+    secondary = []
+    for title, kinds in SECONDARY:
+        cols = [m for m in present if m != primary and _kind(m) in kinds]
+        if cols:
+            secondary.append(_metric_table(title, block, labels, cols))
+    diag = [(c, h) for c, h, _ in DIAGNOSTICS if has(c) and pd.to_numeric(block[c], errors="coerce").fillna(0).ne(0).any()]
+    if diag:
+        secondary.append(_plain_table("Drift and diagnostics", block, labels, diag,
+                                      "drift: distance of the final model's samples from fedavg's on the same noise; "
+                                      "γ*, W2: the bound terms of the pruning study; means over seeds."))
+
+    prov = meta.provenance.get(block_title(dataset, partition), {})
+    name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
+    return Section(
+        dataset=dataset, partition=partition, title=block_title(dataset, partition), anchor=safe_name(f"{dataset}-{partition}"),
+        headline=_headline(block, primary, labels),
+        ranking=(f"Ranked by {primary}; ties (`=`) where intervals overlap. " if primary else "") +
+                "Uplink vs fedavg: how many times less (or more) uplink than fedavg in this block (`*`: fedavg ran "
+                "another budget, compared per client upload).",
+        intervals=interval_sentence(block, primary) if primary else "",
+        main=main, secondary=secondary, provenance=_provenance_lines(prov, present),
+        not_computed=block_notes(block) if "evaluation_notes" in block else [],
+        shared=shared, mosaic=name if name in images else None,
+    )
+
+
+def _ratio_cell(ratio: float) -> str:
+    if math.isnan(ratio):
+        return ""
+    if round(ratio, 1) == 1.0:
+        return "same"
+    return f"{ratio:.1f}× less" if ratio > 1 else f"{1 / ratio:.1f}× more"
+
+
+def _mean_std(row: pd.Series, metric: str) -> str:
+    """A secondary table's cell: mean ± std over seeds (the interval is in leaderboard.csv)."""
+    mean, std, n = to_float(row.get(f"{metric}_mean")), to_float(row.get(f"{metric}_std")), to_float(row.get(f"{metric}_n"))
+    if math.isnan(mean):
+        return ""
+    text = fmt_number(mean)
+    se = to_float(row.get(f"{metric}_stderr"))
+    if n > 1 and not math.isnan(std):
+        text += f" ± {fmt_number(std, 2)}"
+    elif n == 1 and not math.isnan(se):  # one seed: the estimator's own standard error (KID reports one)
+        text += f" ± {fmt_number(se, 2)} (s.e.)"
+    if not math.isnan(n) and n != to_float(row["n"]):
+        text += f" (n={int(n)})"
+    return text
+
+
+def _metric_table(title: str, block: pd.DataFrame, labels: Mapping[int, str], metrics: Sequence[str]) -> Table:
+    headers = ["rank", "setting", *[_arrow(m) for m in metrics]]
+    rows, keys = [], []
+    for idx, row in block.iterrows():
+        rank, rank_key = _rank_cell(row)
+        rows.append([rank, labels[idx], *[_mean_std(row, m) for m in metrics]])
+        keys.append([rank_key, labels[idx], *[_metric_key(row, m) for m in metrics]])
+    return Table(title, headers, rows, keys, note="mean ± std over seeds (one seed: ± its standard error where the "
+                 "metric has one); rank: the main table's. The intervals are in leaderboard.csv.",
+                 numeric=[True, False, *[True] * len(metrics)])
+
+
+def _plain_table(title: str, block: pd.DataFrame, labels: Mapping[int, str], cols: Sequence[tuple[str, str]],
+                 note: str | None = None) -> Table:
+    headers = ["rank", "setting", *[h for _, h in cols]]
+    rows, keys = [], []
+    for idx, row in block.iterrows():
+        rank, rank_key = _rank_cell(row)
+        rows.append([rank, labels[idx], *[fmt_number(row[c]) for c, _ in cols]])
+        keys.append([rank_key, labels[idx], *[_number_key(row[c]) for c, _ in cols]])
+    return Table(title, headers, rows, keys, note=note, numeric=[True, False, *[True] * len(cols)])
+
+
+def sections(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, images: Mapping[str, Any]) -> list[Section]:
+    return [section(d, p, block, metrics, meta, images) for (d, p), block in blocks(table)]
+
+
+def failures_table(meta: PageMeta) -> Table:
+    return Table("Failed and diverged runs", FAILURE_HEADERS, [list(map(str, r)) for r in meta.failures],
+                 [list(map(str, r)) for r in meta.failures], numeric=[False] * len(FAILURE_HEADERS))
+
+
+def summary(table: pd.DataFrame, meta: PageMeta) -> str:
+    return (f"{meta.n_runs} finished run(s) in {len(table)} setting(s); {meta.n_failed} run(s) failed, diverged, "
+            "unfinished or unreadable (listed below). Seeds are aggregated as mean ± std (sample std) [95% interval]; "
+            "↓ lower is better, ↑ higher is better.")
+
+
+def metrics_of(table: pd.DataFrame) -> list[str]:
+    """The metric names of a leaderboard.csv, in its column order (every `<m>_mean` with a `<m>_ci_method`)."""
+    return [c[: -len("_mean")] for c in table.columns
+            if c.endswith("_mean") and f"{c[: -len('_mean')]}_ci_method" in table.columns]

@@ -1,0 +1,164 @@
+"""The HTML report in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
+driven by Selenium). The page must load without a console error, every table must sort by a
+click on its header, nothing may be fetched from outside the file, and it must read on a
+phone-sized screen (no sideways scrolling of the page; wide tables scroll in their own box).
+
+CI installs Chromium (.ci/run) and sets DFBENCH_REQUIRE_BROWSER=1, so there a missing browser
+fails these tests; elsewhere they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_report import fd, make_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+def _need_browser() -> None:
+    missing = [name for name, path in (("chromium", CHROMIUM), ("chromedriver", DRIVER)) if path is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (pip)")
+    if missing:
+        message = f"{', '.join(missing)} not installed: apt-get install chromium chromium-driver; pip install selenium"
+        if os.environ.get("DFBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A report with two blocks, a baseline, a failure, per-client and kid metrics."""
+    from dfbench.benchmark.report.build import build_report
+
+    runs = tmp_path_factory.mktemp("runs")
+    out = tmp_path_factory.mktemp("report")
+    for partition in ("iid", "dirichlet:0.1"):
+        shift = 0.0 if partition == "iid" else 5.0
+        for seed, v in enumerate((10.0, 14.0)):
+            make_run(runs, f"s{seed}-fa-{partition[:3]}", partition=partition, seed=seed, evaluations=[fd(v + shift)])
+        make_run(runs, f"s0-rp-{partition[:3]}", partition=partition, method="random_prune", params={"keep_ratio": 0.25},
+                 evaluations=[fd(30.0 + shift), {"metric": "kid", "value": 0.02, "std_err": 0.003}],
+                 uplink_bits=20_000_000, grid_color=(30, 30, 200))
+        make_run(runs, f"s0-tk-{partition[:3]}", partition=partition, method="topk_prune", params={"keep_ratio": 0.5},
+                 evaluations=[fd(21.0 + shift)], uplink_bits=40_000_000, grid_color=(30, 200, 30))
+        make_run(runs, f"s0-base-{partition[:3]}", partition=partition, rounds=0, evaluations=[fd(300.0)], uplink_bits=0)
+    make_run(runs, "s0-fail", method="quantized", params={"bits": 4}, state="failed", error="boom")
+    build_report(runs, out)
+    return out / "leaderboard.html"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    _need_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield driver
+    driver.quit()
+
+
+def _column(driver, table_id: str, header: str) -> list[str]:
+    return driver.execute_script(
+        """const t = document.getElementById(arguments[0]);
+           const i = Array.from(t.tHead.rows[0].cells).findIndex(h => h.textContent === arguments[1]);
+           return Array.from(t.tBodies[0].rows).map(r => r.cells[i].getAttribute('data-k'));""", table_id, header)
+
+
+def _click(driver, table_id: str, header: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    for th in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} thead th"):
+        if th.text == header:
+            th.click()
+            return
+    raise AssertionError(f"no header {header!r} in #{table_id}")
+
+
+def _numbers(keys: list[str]) -> list[float]:
+    return [float(k) if k else math.nan for k in keys]
+
+
+def test_page_loads_without_console_errors_and_sorts(page: Path, browser, tmp_path: Path) -> None:
+    browser.set_window_size(1280, 900)
+    browser.get(page.as_uri())
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == [], errors
+    # self-contained: every image is inline and decoded, no script or stylesheet from elsewhere
+    images = browser.execute_script("return Array.from(document.images).map(i => [i.src.slice(0, 22), i.naturalWidth]);")
+    assert len(images) >= 3 and all(src == "data:image/png;base64," and w > 0 for src, w in images)
+    assert browser.execute_script("return document.querySelectorAll('script[src], link[href]').length;") == 0
+
+    table = "fmnist-iid-main"
+    metric = "fd_fmnist ↓"
+    before = _numbers(_column(browser, table, metric))
+    assert before[:3] == [12.0, 21.0, 30.0]  # the page's own order: rank, then the baseline
+    _click(browser, table, metric)
+    asc = _numbers(_column(browser, table, metric))
+    assert asc == sorted(before)
+    _click(browser, table, metric)
+    desc = _numbers(_column(browser, table, metric))
+    assert desc == sorted(before, reverse=True)
+    state = browser.execute_script(f"return Array.from(document.querySelectorAll('#{table} th')).map(h => h.getAttribute('aria-sort'));")
+    assert "descending" in state
+    # text columns sort as text; empty cells go last whichever the direction
+    _click(browser, table, "method")
+    methods = browser.execute_script(f"return Array.from(document.querySelectorAll('#{table} tbody tr td:nth-child(2)')).map(c => c.textContent);")
+    assert methods == sorted(methods, key=str.lower)
+    _click(browser, table, "uplink vs fedavg")
+    ratios = _column(browser, table, "uplink vs fedavg")
+    assert ratios[-1] == "" and _numbers([r for r in ratios if r]) == sorted(_numbers([r for r in ratios if r]))
+    _click(browser, table, "uplink vs fedavg")
+    ratios = _column(browser, table, "uplink vs fedavg")
+    assert ratios[-1] == "" and _numbers([r for r in ratios if r]) == sorted(_numbers([r for r in ratios if r]), reverse=True)
+    # a secondary table and the failures table sort too
+    sec = browser.execute_script("return document.querySelector('#fmnist-iid-0') !== null;")
+    assert sec
+    browser.save_screenshot(str(tmp_path / "desktop.png"))
+    assert (tmp_path / "desktop.png").stat().st_size > 10_000
+
+
+def test_page_reads_on_a_phone(page: Path, browser, tmp_path: Path) -> None:
+    browser.set_window_size(390, 844)
+    browser.get(page.as_uri())
+    width = browser.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+    assert width[0] <= width[1], f"the page scrolls sideways on a phone: {width}"
+    # wide tables scroll inside their own box instead
+    boxes = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.scroll')).map(b => [b.scrollWidth, b.clientWidth, getComputedStyle(b).overflowX]);")
+    assert boxes and all(ov == "auto" for _, _, ov in boxes) and any(sw > cw for sw, cw, _ in boxes)
+    # every block and the failures are reachable from the navigation
+    links = browser.execute_script("return Array.from(document.querySelectorAll('nav a')).map(a => a.getAttribute('href'));")
+    for anchor in links:
+        assert browser.execute_script("return document.getElementById(arguments[0]) !== null;", anchor[1:]), anchor
+    assert "#fmnist-iid" in links and "#fmnist-dirichlet-0.1" in links and "#failures" in links
+    browser.save_screenshot(str(tmp_path / "phone.png"))
+    assert (tmp_path / "phone.png").stat().st_size > 5_000
+
+
+def test_run_folder_links_resolve(page: Path, browser) -> None:
+    """The main table links each setting's run folders; the links resolve beside the runs (relative)."""
+    browser.set_window_size(1280, 900)
+    browser.get(page.as_uri())
+    hrefs = browser.execute_script("return Array.from(document.querySelectorAll('table a')).map(a => a.href);")
+    assert len(hrefs) >= 8
+    from urllib.parse import unquote, urlparse
+
+    for href in hrefs:
+        target = Path(unquote(urlparse(href).path))
+        assert (target / "config.json").is_file(), href
