@@ -85,8 +85,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[s
     make_run(runs, "s0-rp", method="random_prune", params={"keep_ratio": 0.5, "scope": "layer"},
              evaluations=[fd(11.0), {"metric": "kid", "value": 0.02, "std_err": 0.003}],
              uplink_bits=20_000_000, grid_color=(30, 30, 200), extra_metrics={"gamma_star": 2, "w2_mean": 0.25})
-    make_run(runs, "s0-tk", method="topk_prune", params={"keep_ratio": 0.5, "scope": "layer"},
-             evaluations=[fd(13.0)], uplink_bits=20_000_000)
+    make_run(runs, "s0-tk", method="topk_prune", params={"keep_ratio": 0.25, "scope": "layer"},
+             evaluations=[fd(13.0)], uplink_bits=20_000_000, extra_metrics={"gamma_star": 1, "w2_mean": 0.5})
     make_run(runs, "s0-base", rounds=0, evaluations=[fd(300.0)], uplink_bits=0)
     make_run(runs, "s0-fail", method="quantized", params={"bits": 4}, state="failed", error="CUDA out of memory")
     make_run(runs, "s0-div", method="fedprox", params={"mu": 0.1}, state="diverged", error="loss is NaN at round 2")
@@ -222,6 +222,21 @@ def test_plots_written_or_skipped(report: tuple[Path, Path, dict[str, Path]]) ->
     assert not (out / "plots" / "metric_vs_alpha.png").exists()
     assert "metric_vs_alpha" in written["skipped"].read_text()
     assert "metric_vs_alpha" in written["leaderboard_md"].read_text().split("## Skipped", 1)[1]
+
+
+def test_a_plot_without_a_relation_is_skipped_and_its_old_file_removed(tmp_path: Path) -> None:
+    """One keep ratio, one Gamma*: nothing to plot against; a PNG an earlier report drew there goes."""
+    runs = tmp_path / "runs"
+    make_run(runs, "s0-rp", method="random_prune", params={"keep_ratio": 0.5}, evaluations=[fd(11.0)],
+             extra_metrics={"gamma_star": 2, "w2_mean": 0.25})
+    make_run(runs, "s0-fa", evaluations=[fd(10.0)], extra_metrics={"gamma_star": 2})
+    stale = tmp_path / "out" / "plots" / "metric_vs_keep_ratio.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an old plot")
+    written = build_report(runs, tmp_path / "out")
+    notes = written["skipped"].read_text()
+    assert "metric_vs_keep_ratio: only one keep ratio (0.5)" in notes and not stale.exists()
+    assert "metric_vs_gamma_star: gamma_star is 2 for every scored run" in notes
 
 
 def test_mosaic(report: tuple[Path, Path, dict[str, Path]]) -> None:

@@ -96,6 +96,8 @@ def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: 
     df = df.assign(keep_ratio=pd.to_numeric(df["param.keep_ratio"], errors="coerce")).dropna(subset=["keep_ratio"])
     if df.empty:
         return "no pruning run has a scalar keep_ratio"
+    if df["keep_ratio"].nunique() < 2:  # one point on the axis is no relation (and a stretched, empty axis)
+        return f"only one keep ratio ({df['keep_ratio'].iloc[0]:g}): nothing to plot against"
     grid = sns.relplot(
         data=df, x="keep_ratio", y="score", hue="method", style=_style(df), col="dataset", kind="line",
         marker="o", errorbar="sd", facet_kws={"sharey": False}, height=3.5, aspect=1.2,
@@ -105,20 +107,23 @@ def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: 
     return _save(grid, path, "mean ± std over seeds")
 
 
-def _setting_label(row: pd.Series) -> str:
-    return f"{row['method']} ({row['params']})" if isinstance(row.get("params"), str) and row["params"] else str(row["method"])
-
-
 def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
                            log_x: bool | None, connect: bool, ticks_at_values: bool) -> Path | str:
-    """One panel per dataset; one colour per setting (method and hyperparameters); the seed mean of
+    """One panel per dataset; one colour per setting (method and the hyperparameters the leaderboard shows); the seed mean of
     the dataset's ranking metric with its 95% interval as a bar. Settings that share an x value are
     spread sideways by a small fixed offset (said in the note) so that no bar hides another."""
     df = _with_score(table, metrics, suffix="_mean")
+    scored = len(df)
     df = df[pd.to_numeric(df[x], errors="coerce") > 0] if len(df) else df
     if df.empty:
         return f"no scored setting with {x} > 0"
-    df = df.assign(label=[_setting_label(r) for _, r in df.iterrows()], xv=pd.to_numeric(df[x]))
+    if len(df) < scored and x == "uplink_mb_mean":  # e.g. an expert mixture: its clients upload nothing
+        note += f"; {scored - len(df)} setting(s) without uplink left out"
+    from dfbench.benchmark.report.layout import hyperparameters  # the page's rule: non-default or varying ones
+
+    shown = hyperparameters(df)
+    df = df.assign(label=[f"{r['method']} ({shown[i]})" if shown[i] else str(r["method"]) for i, r in df.iterrows()],
+                   xv=pd.to_numeric(df[x]))
     datasets = sorted(df["dataset"].unique())
     labels = list(dict.fromkeys(df.sort_values("label")["label"]))
     colors = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
@@ -210,11 +215,47 @@ def table_plots(table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path) ->
     }, plots_dir)
 
 
-def plot_loss_per_round(rounds: pd.DataFrame, path: Path) -> Path | str:
-    """Mean training loss per round (from rounds.jsonl), per setting, one panel per block."""
+def short_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """setting -> the legend's label: the method with the hyperparameters the leaderboard shows
+    (non-default or varying), e.g. "fedprox (mu=0.01)" for "fedprox [mu=0.01]"; a setting whose short
+    label would not be unique keeps its full one."""
+    from dfbench.benchmark.report.layout import hyperparameters
+
+    if runs.empty or "setting" not in runs:
+        return {}
+    shown = hyperparameters(runs)
+    short: dict[str, str] = {}
+    for i, row in runs.iterrows():
+        name = f"untrained ({row['method']})" if bool(row.get("baseline")) else str(row["method"])
+        short[str(row["setting"])] = f"{name} ({shown[i]})" if shown[i] else name
+    counts: dict[str, int] = {}
+    for label in short.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {s: (label if counts[label] == 1 else s) for s, label in short.items()}
+
+
+def run_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """run id -> its legend label: the short setting label plus the config that tells it apart in its
+    block (DP's clip and noise, a driver: `frames.curve_labels`), so settings of one method that differ
+    only in config get their own lines."""
+    from dfbench.benchmark.report.frames import curve_labels
+
+    short = short_labels(runs)
+    out = {}
+    for run_id, label in curve_labels(runs).items():
+        setting = str(runs.loc[runs["run_id"] == run_id, "setting"].iloc[0])
+        out[run_id] = short.get(setting, setting) + label[len(setting):]
+    return out
+
+
+def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str] | None = None) -> Path | str:
+    """Mean training loss per round (from rounds.jsonl), one line per setting (`labels`: run id ->
+    label; seeds of one label pooled), one panel per block."""
     if rounds.empty:
         return "no rounds.jsonl rows"
     df = rounds.dropna(subset=["round", "loss"])
+    if labels:
+        df = df.assign(setting=[labels.get(r, s) for r, s in zip(df["run_id"], df["setting"])])
     df = df[np.isfinite(df["loss"])]
     if df.empty:
         return f"no finite loss in {runfolder.ROUNDS}"
@@ -238,6 +279,12 @@ def _plot_vs_bound_term(runs: pd.DataFrame, metrics: Sequence[str], column: str,
     df = df[pd.to_numeric(df[column], errors="coerce").notna()]
     if df.empty:
         return f"no run recorded {column}"
+    if column == "w2_mean":  # a method that prunes nothing has w^2 = 0: not a point on the pruning axis
+        df = df[pd.to_numeric(df[column]) > 0]
+        if df.empty:
+            return "no run pruned anything (w^2 = 0 for every run)"
+    if pd.to_numeric(df[column]).nunique() < 2:
+        return f"{column} is {pd.to_numeric(df[column]).iloc[0]:g} for every scored run: nothing to plot against"
     grid = sns.relplot(
         data=df, x=column, y="score", hue="method", style=_style(df), col="dataset", kind="scatter", s=60,
         facet_kws={"sharey": False, "sharex": False}, height=3.5, aspect=1.2,
@@ -310,7 +357,7 @@ def make_plots(
         "metric_vs_keep_ratio": lambda p: plot_metric_vs_keep_ratio(runs, metrics, p),
         "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
-        "loss_per_round": lambda p: plot_loss_per_round(rounds, p),
+        "loss_per_round": lambda p: plot_loss_per_round(rounds, p, run_labels(runs)),
         "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(runs, metrics, p),
         "metric_vs_w2": lambda p: plot_metric_vs_w2(runs, metrics, p),
         "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),
@@ -334,6 +381,8 @@ def _run_jobs(jobs: dict[str, Callable[[Path], Path | str]], plots_dir: Path) ->
         else:
             logger.info("plot %s skipped: %s", name, result)
             skipped[name] = result
+            # a plot an earlier report drew here and this one skips would be read as current
+            (Path(plots_dir) / f"{name}.png").unlink(missing_ok=True)
     return written, skipped
 
 
