@@ -40,22 +40,27 @@ def make_config(config: RunConfig | None = None, **settings: Any) -> RunConfig:
 
 
 def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", force: bool = False,
-        progress: bool = False, download: bool = False, data: Any = None, **settings: Any) -> Path:
+        progress: bool = False, download: bool = False, data: Any = None, log: str | Sequence[str] = (),
+        log_group: str | None = None, **settings: Any) -> Path:
     """Train and evaluate one run (resume or skip it when its folder exists); return the folder.
 
     ``data``: an already loaded training set (a ``dfbench.datasets.ImageSet``) to use instead of
     loading ``data.dataset`` -- for tests and custom data; evaluation still compares against the
-    configured dataset's reference split.
+    configured dataset's reference split. ``log``: experiment trackers (``"tensorboard"``,
+    ``"wandb"``, ``"mlflow"``, a list or a comma-separated string; ``--log``) writing under
+    ``out``/trackers/ in the group ``log_group`` (``--log-group``, default ``"dfbench-run"``).
     """
     from dfbench.benchmark.engine.lifecycle import OutOfMemory, free_gpu_memory, run as run_loop
+    from dfbench.benchmark.tracking import parse_trackers
 
+    trackers = parse_trackers(log)  # an unknown tracker: refused before any work
     cfg = make_config(config, **settings) if (settings or config is None) else config
     if download:
         from dfbench.benchmark.grid.fetch import fetch_for_configs
 
         fetch_for_configs([cfg])
     try:
-        return run_loop(cfg, out, force=force, progress=progress, data=data)
+        return run_loop(cfg, out, force=force, progress=progress, data=data, log=trackers, log_group=log_group)
     except OutOfMemory as err:  # the notebook goes on (and keeps the error): free the failed frames' tensors now
         free_gpu_memory(err)
         raise
@@ -64,7 +69,7 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
 def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
              shard: str | tuple[int, int] | None = None, retry_failed: bool = False, force: bool = False,
              device: str | None = None, progress: bool = False, download: bool = False, data: Any = None,
-             **settings: Any) -> GridSummary:
+             log: str | Sequence[str] = (), log_group: str | None = None, **settings: Any) -> GridSummary:
     """Run a grid (``dfbench grid``): its missing and unfinished cells, resumable; return the summary.
 
     ``grid``: a shipped grid's name or a path to a .toml file. ``settings``: overrides for every
@@ -73,19 +78,24 @@ def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int
     ``device`` (``--device``): its type is in the run ids (cpu vs cuda), its index is not. ``workers``:
     cooperating processes on this machine (this one and ``workers - 1`` more, ``--workers``; on
     ``device="cuda"`` spread over the visible GPUs); ``data``: one loaded training
-    set for every cell (one worker only). A bad grid, key or value raises ``ConfigError`` (a
-    ``GridError`` lists every problem) and missing inputs ``MissingInputsError``, before any work.
+    set for every cell (one worker only); ``log``: experiment trackers for every cell (``--log``),
+    grouped under ``log_group`` (default: the grid's name). A bad grid, key or value, or an unknown
+    tracker, raises ``ConfigError`` (a ``GridError`` lists every problem) and missing inputs
+    ``MissingInputsError``, before any work.
     """
     from dfbench.benchmark.grid.plan import parse_shard
     from dfbench.benchmark.grid.spec import load_grid
     from dfbench.benchmark.grid.workers import run_with_workers
+    from dfbench.benchmark.tracking import parse_trackers
+
+    trackers = parse_trackers(log)
 
     extra = _dotted(settings, method_key=True) | ({"device": device} if device is not None else {})
     loaded = load_grid(grid, extra=extra)
     patterns = [only] if isinstance(only, str) else list(only)
     return run_with_workers(loaded, out, workers=workers, shard=parse_shard(shard) if isinstance(shard, str) else shard,
                             only=patterns, retry_failed=retry_failed, force=force, progress=progress, download=download,
-                            data=data)
+                            data=data, log=trackers, log_group=log_group)
 
 
 def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:

@@ -40,6 +40,33 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="any config field, e.g. method.mu=0.01, train.objective=fm, system.participation=0.5 (repeatable)")
 
 
+def _trackers(text: str) -> tuple[str, ...]:
+    """One --log value: tracker names, comma-separated; an unknown one is refused while parsing."""
+    from dfbench.benchmark.tracking import parse_trackers
+
+    try:
+        return parse_trackers(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_log_args(p: argparse.ArgumentParser, group: str) -> None:
+    """--log and --log-group (`dfbench run` and `dfbench grid`): experiment trackers, a run option."""
+    p.add_argument("--log", dest="log", action="append", type=_trackers, default=[], metavar="TRACKER",
+                   help="also log each run to an experiment tracker: tensorboard, wandb or mlflow (repeatable, or "
+                        "comma-separated: --log tensorboard,mlflow). Needs its extra: pip install 'dfbench[tensorboard]' "
+                        "(or [wandb], [mlflow], [trackers] for all). Files go under <--out>/trackers/ (W&B offline "
+                        "unless WANDB_MODE is set, MLflow in a local sqlite store unless MLFLOW_TRACKING_URI is set); "
+                        "a resumed run continues its tracker run. Not part of the config: it changes no run id and no "
+                        "result, and a tracker that fails is switched off with a warning while the run goes on")
+    p.add_argument("--log-group", default=None, metavar="NAME",
+                   help=f"the trackers' group (W&B group, MLflow experiment; default: {group})")
+
+
+def _log_names(a: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for names in a.log for name in names))
+
+
 def config_from_args(a: argparse.Namespace) -> RunConfig:
     items: dict[str, Any] = {key: getattr(a, dest) for dest, key in FLAG_KEYS.items()}
     items.update(dict(a.overrides))
@@ -67,7 +94,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     _exit_on_sigterm()
     distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
     try:
-        d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait)
+        d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait, log=_log_names(a),
+                log_group=a.log_group)
     except (distributed.DistributedError, LockHeld, LockLost, OutOfMemory) as err:
         # a rank died or hung (rank 0's status.json says "failed" with this message; no shutdown:
         # the group is broken, and leaving it could wait on the dead rank), another process owns
@@ -131,7 +159,8 @@ def cmd_grid(a: argparse.Namespace) -> int:
         return 0
     try:  # --workers N: N-1 more processes of the same grid, then this one works too (grid/workers.py)
         summary = run_with_workers(grid, a.out, workers=a.workers, shard=shard, only=only, retry_failed=a.retry_failed,
-                                   force=a.force, progress=not a.no_progress, download=a.download)
+                                   force=a.force, progress=not a.no_progress, download=a.download, log=_log_names(a),
+                                   log_group=a.log_group)
     except (MissingInputsError, FetchError) as err:  # raised before the first cell
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
@@ -162,6 +191,17 @@ def cmd_report(a: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if a.from_csv:
+        from dfbench.benchmark.report.build import rerender
+
+        try:
+            paths = rerender(a.out, target)
+        except FileNotFoundError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        for k, v in paths.items():
+            print(f"{k}: {v}")
+        return 0
     # The reporter only reads run folders. A run evaluated before its dense reference finished has
     # no drift record yet: write it first (under the run's lock, as evaluation would have), then read.
     written = record_missing_drift(find_run_dirs(a.runs))
@@ -275,15 +315,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.add_argument("--download", action="store_true",
                    help="first fetch the dataset and weights this run needs and this machine lacks (see `dfbench fetch`)")
+    add_log_args(r, '"dfbench-run"')
     r.set_defaults(func=cmd_run)
 
     m = sub.add_parser("methods", help="list registered methods and their hyperparameters")
     m.add_argument("pattern", nargs="?", default="*")
     m.set_defaults(func=cmd_methods)
 
-    rep = sub.add_parser("report", help="leaderboard (md/csv/html), plots and grid mosaics from run folders",
-                         description="Read every run folder under --runs and write the leaderboard (md/csv/html), plots "
-                                     "and mosaics to --out. The reporter only reads; first, a finished run that was "
+    rep = sub.add_parser("report", help="leaderboard (md/csv) and a self-contained HTML report, plots and grid mosaics from run folders",
+                         description="Read every run folder under --runs and write to --out: leaderboard.md (per "
+                                     "dataset/partition a headline, the main table and the secondary ones), leaderboard.csv "
+                                     "(every column), leaderboard.html (one self-contained page: sortable tables, mosaics "
+                                     "and plots inline, links to the run folders), report.json (what the page needs "
+                                     "beside the CSV), plots and mosaics. The reporter only reads; first, a finished run that was "
                                      "evaluated before its dense reference was done gets its drift recorded in its "
                                      "metrics.json (under the run's lock), as its grid's last worker would have.")
     rep.add_argument("--runs", default=DEFAULT_OUT)
@@ -291,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--target", metavar="METRIC=VALUE",
                      help="a quality, e.g. fd_fmnist=300: the leaderboard gives each setting's simulated time to first "
                           "reach it on its quality curve (runs with eval.every > 0)")
+    rep.add_argument("--from-csv", action="store_true",
+                     help="no run folders: re-render --out's leaderboard.md and .html (and the plots drawn from the table: "
+                          "metric vs alpha, metric vs uplink) from its leaderboard.csv and report.json; mosaics and "
+                          "other plots are kept as they are")
     rep.set_defaults(func=cmd_report)
 
     g = sub.add_parser("grid", help="run a grid of runs (benchmark/grid/builtin/NAME.toml or a file); resumes, skips done cells",
@@ -323,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--download", action="store_true",
                    help="fetch the datasets and weights the cells need and this machine lacks before the first cell "
                         "(without it, a grid whose data is missing stops before running anything)")
+    add_log_args(g, "the grid's name, so a grid is one view")
     g.set_defaults(func=cmd_grid)
 
     fe = sub.add_parser(

@@ -43,22 +43,26 @@ def make_config(config: "RunConfig | None" = None, **settings: Any) -> "RunConfi
 
 
 def run(config: "RunConfig | None" = None, *, out: str | Path = "results/runs", force: bool = False,
-        progress: bool = False, download: bool = False, data: Any = None, **settings: Any) -> Path:
+        progress: bool = False, download: bool = False, data: Any = None, log: "str | Sequence[str]" = (),
+        log_group: str | None = None, **settings: Any) -> Path:
     """Train and evaluate one run (or resume / skip it) and return its run folder.
 
     Takes a ``RunConfig`` and/or the keywords of :func:`make_config`; ``out`` is the runs root,
     ``force`` reruns a finished run, ``download`` fetches missing data and weights first, and
     ``data`` is an already loaded training set to use instead of the configured dataset.
+    ``log="tensorboard"`` (or ``"wandb"``, ``"mlflow"``, several in a list) also logs the run to
+    experiment trackers under ``out``/trackers/ (group ``log_group``); it changes no result.
     """
     from dfbench.benchmark.api import run as _run
 
-    return _run(config, out=out, force=force, progress=progress, download=download, data=data, **settings)
+    return _run(config, out=out, force=force, progress=progress, download=download, data=data, log=log,
+                log_group=log_group, **settings)
 
 
 def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
              shard: "str | tuple[int, int] | None" = None, retry_failed: bool = False, force: bool = False,
              device: str | None = None, progress: bool = False, download: bool = False, data: Any = None,
-             **settings: Any) -> "GridSummary":
+             log: "str | Sequence[str]" = (), log_group: str | None = None, **settings: Any) -> "GridSummary":
     """Run a grid, as ``dfbench grid`` does, and return its summary (``print(summary.text())``).
 
     ``grid`` is a shipped grid's name (``"demo"``) or a .toml path; ``settings`` override every
@@ -66,12 +70,14 @@ def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int
     ``device`` like ``--device``; ``only`` (globs), ``shard`` (``"I/N"``), ``retry_failed`` and
     ``force`` select like their flags; ``workers=N`` runs N cooperating processes on this machine
     (unless OMP_NUM_THREADS is set, cores/N torch threads each, this process included);
-    ``download`` fetches missing data and weights first. Done cells are skipped, so a rerun resumes.
+    ``download`` fetches missing data and weights first; ``log`` (as for :func:`run`) logs every cell to
+    experiment trackers, grouped under the grid's name (or ``log_group``). Done cells are skipped, so a rerun resumes.
     """
     from dfbench.benchmark.api import run_grid as _run_grid
 
     return _run_grid(grid, out=out, workers=workers, only=only, shard=shard, retry_failed=retry_failed, force=force,
-                     device=device, progress=progress, download=download, data=data, **settings)
+                     device=device, progress=progress, download=download, data=data, log=log, log_group=log_group,
+                     **settings)
 
 
 def load_runs(root: str | Path = "results/runs") -> "pd.DataFrame":

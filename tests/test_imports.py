@@ -2,7 +2,7 @@
 
 Layers, lowest first (README "Architecture"): datasets; core + methods (the run's
 configuration, the run-folder format, the method protocol and the methods, which see the
-engine only through RunContext); metrics; engine; grid; report; the fronts (cli, api,
+engine only through RunContext); metrics; tracking (experiment trackers); engine; grid; report; the fronts (cli, api,
 perf, the top-level dfbench API). A module imports only from its own layer or below.
 
 The graph is built statically (``ast`` over the package files, relative imports
@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dfbench.datasets",),
     ("dfbench.benchmark.core", "dfbench.methods"),
     ("dfbench.benchmark.metrics",),
+    ("dfbench.benchmark.tracking",),
     ("dfbench.benchmark.engine",),
     ("dfbench.benchmark.grid",),
     ("dfbench.benchmark.report",),

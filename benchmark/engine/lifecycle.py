@@ -9,6 +9,9 @@ run(cfg, out):
     method.finalize, then evaluation (evaluate.py): samples, grid.png, metrics.json, status done
 Every way out leaves a status behind: done, diverged, failed (with the error), interrupted
 (SIGTERM, via `Interrupted`: the next run resumes it) or running (killed, Ctrl-C: resumed too).
+Experiment trackers (`log`, benchmark/tracking/) are fed on rank 0 after each file is written:
+config.json, each rounds.jsonl row, each curve point, metrics.json and grid.png; they finish on
+every way out. They are a run option (no config field, no run id change) and never raise here.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import signal
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -30,6 +33,7 @@ from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.asynchronous import make_driver
 from dfbench.benchmark.engine.training import train_round
+from dfbench.benchmark.tracking import Trackers, parse_trackers
 
 
 class Diverged(RuntimeError):
@@ -76,14 +80,18 @@ def oom_message(cfg: RunConfig, err: BaseException) -> str:
 
 
 def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool = True, data: Any = None,
-        wait: bool = False, lock: RunLock | None = None) -> Path:
+        wait: bool = False, lock: RunLock | None = None, log: str | Sequence[str] = (),
+        log_group: str | None = None) -> Path:
     """Train and evaluate one run; resume it if its folder has a checkpoint. Returns the run folder.
 
     Rank 0 first takes the run folder's lock (benchmark/core/lock.py), before anything is written, and
     releases it on every way out. If a live process owns the run, LockHeld is raised at once on
     every rank (wait=True: wait for it instead). `lock`: one the caller already holds (a grid
-    worker); the caller releases it.
+    worker); the caller releases it. `log`: experiment trackers (tensorboard, wandb, mlflow; an
+    unknown name raises ConfigError before anything else), writing under `out`/trackers/ in the
+    group `log_group` (default "dfbench-run"); a run that is already done logs nothing again.
     """
+    trackers = parse_trackers(log)
     rank, world = distributed.rank_world()
     check_world(cfg, world)  # e.g. per-client state across ranks: refused before the lock, a folder or any data
     d = runfolder.run_dir(out, cfg)
@@ -111,14 +119,15 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
             return d
         if verdict != "run":
             raise LockHeld(verdict)
-        return _guarded_run(cfg, d, writer, rank, world, progress, data, lock or mine)
+        return _guarded_run(cfg, d, writer, rank, world, progress, data, lock or mine,
+                            Trackers(trackers if writer else (), out, d, log_group))
     finally:
         if mine is not None:
             mine.release()
 
 
 def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, progress: bool, data: Any,
-                 lock: RunLock | None) -> Path:
+                 lock: RunLock | None, trackers: Trackers) -> Path:
     """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
     # the device's numerics before the device is touched (cuBLAS reads its workspace setting once)
     started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic, cfg.train.amp)
@@ -138,7 +147,7 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
         runfolder.write_json(d / runfolder.NUMERICS, {"starts": starts})
         runfolder.write_status(d, runfolder.RUNNING)
     try:
-        return _run(cfg, ctx, method, d, writer, progress, owner)
+        return _run(cfg, ctx, method, d, writer, progress, owner, trackers)
     except Interrupted as err:  # SIGTERM: resumable; not "failed" (the grid would skip it)
         if owner():
             _final_status(d, runfolder.INTERRUPTED, error=f"stopped by {err.signal_name}; a rerun resumes it "
@@ -166,6 +175,8 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
         if hint:
             raise NondeterministicOp(hint) from err
         raise
+    finally:
+        trackers.finish()  # with the state this way out left in status.json (running after Ctrl-C or a lost lock)
 
 
 class NondeterministicOp(RuntimeError):
@@ -206,7 +217,8 @@ def _final_status(d: Path, state: str, **extra: Any) -> None:
 
 
 def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, writer: bool, progress: bool,
-         owner: Callable[[], bool] = lambda: True) -> Path:
+         owner: Callable[[], bool] = lambda: True, trackers: Trackers | None = None) -> Path:
+    trackers = trackers or Trackers()  # (none: every call is a no-op)
     if cfg.train.compile:  # in place: the parameters stay views of ctx.flat (validated: CUDA, sequential clients)
         ctx.model.compile()
     state = method.init_state(ctx.init_params, ctx)
@@ -232,7 +244,8 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     elif writer:
         for name in (runfolder.ROUNDS, runfolder.CURVE):
             (d / name).unlink(missing_ok=True)
-    curve = _curve(cfg, ctx, method, d) if writer and cfg.eval.every else None
+    trackers.start(start_round if ck is not None else 0)  # what an earlier process logged from here on is redone
+    curve = _curve(cfg, ctx, method, d, trackers) if writer and cfg.eval.every else None
     if curve is not None and ck is None:  # (a checkpoint, even of round 0, comes after this point)
         curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
     bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
@@ -252,11 +265,13 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         if not _is_finite(state):
             if writer:
                 runfolder.append_round(d, {**row, "diverged": True})
+                trackers.log_round(r, {**row, "diverged": True})
             raise Diverged(f"global model became non-finite in round {r} (lr={round_lr(cfg.train, r):g}); try a smaller train.lr or train.grad_clip")
         if ema is not None:
             ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
         if writer:
             runfolder.append_round(d, row)
+            trackers.log_round(r, row)
             if curve is not None and (r % cfg.eval.every == 0 or r == cfg.train.rounds):
                 curve(r, ema if ema is not None else state.params, totals)  # before the checkpoint: a resume redoes it
             if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds:
@@ -281,15 +296,19 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     except torch.cuda.OutOfMemoryError as err:  # sampling, feature extraction, scoring: their own batches
         raise OutOfMemory(eval_oom_message(cfg, err, rerun="rerun the same `dfbench run` (or `dfbench grid "
                                                           "--retry-failed`) with")) from err
+    trackers.log_final()  # metrics.json and grid.png, as written
     return d
 
 
-def _curve(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path) -> Callable[[int, torch.Tensor, dict[str, Any]], None]:
+def _curve(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path,
+           trackers: Trackers) -> Callable[[int, torch.Tensor, dict[str, Any]], None]:
     """curve(round, params, totals): append the quality-curve point of the model after `round`."""
     from dfbench.benchmark.engine.evaluate import curve_point
 
     def point(r: int, params: torch.Tensor, totals: dict[str, Any]) -> None:
-        runfolder.append_round(d, curve_point(cfg, ctx, method, params, r, totals), runfolder.CURVE)
+        row = curve_point(cfg, ctx, method, params, r, totals)
+        runfolder.append_round(d, row, runfolder.CURVE)
+        trackers.log_curve(r, row)
 
     return point
 

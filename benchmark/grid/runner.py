@@ -21,6 +21,7 @@ from dfbench.benchmark.core.lock import RunLock
 from dfbench.benchmark.grid.plan import (STATES, cell_note, cell_state, fmt_seconds, lock_owner, select_cells, should_run,
                                          updated_after, work_order)
 from dfbench.benchmark.grid.spec import Cell, Grid
+from dfbench.benchmark.tracking import parse_trackers
 
 BUSY = runfolder.RUNNING  # a cell's state when a live process other than this one holds its lock
 
@@ -102,7 +103,8 @@ class _DataCache:
 
 def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = None, only: Sequence[str] = (),
              retry_failed: bool = False, force: bool = False, progress: bool = True, data: Any = None,
-             echo: Callable[[str], None] | None = None, download: bool = False) -> GridSummary:
+             echo: Callable[[str], None] | None = None, download: bool = False, log: str | Sequence[str] = (),
+             log_group: str | None = None) -> GridSummary:
     """Run the selected cells one after another; a failing cell is recorded and the grid goes on.
 
     Without `shard` this process is one of any number of workers on `out`: it takes the cells
@@ -115,7 +117,10 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
     raises `fetch.MissingInputsError` (nothing run), or is fetched with `download`.
     `data`: one ImageSet used for every cell (tests); by default each dataset is loaded once.
     `echo`: where the one-line summaries go (default: stdout, above the progress bars).
+    `log`: experiment trackers for every cell run now (benchmark/tracking/), grouped under
+    `log_group` (default: the grid's name).
     """
+    trackers = parse_trackers(log)  # an unknown name: refused before any cell
     started = time.time()
     cells = select_cells(grid.cells, shard=shard, only=only)
     _check_devices(cells)
@@ -137,7 +142,8 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
     say = echo or (_tqdm_write if progress else print)
     cache = _DataCache(data)
     for j, (cell, before_state) in enumerate(bar, 1):
-        o = _run_cell(cell, before_state, out, cache, started=started, retry_failed=retry_failed, force=force, progress=progress)
+        o = _run_cell(cell, before_state, out, cache, started=started, retry_failed=retry_failed, force=force, progress=progress,
+                      log=trackers, log_group=log_group or grid.name)
         summary.outcomes.append(o)
         where = f"  (traceback: {cell.folder(out) / runfolder.STATUS})" if o.error and cell.folder(out).exists() else ""
         verb = o.after if o.ran else "busy" if o.after == BUSY else "skip"
@@ -156,7 +162,7 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
 
 
 def _run_cell(cell: Cell, before: str, out: str | Path, cache: _DataCache, *, started: float, retry_failed: bool,
-              force: bool, progress: bool) -> CellOutcome:
+              force: bool, progress: bool, log: Sequence[str] = (), log_group: str | None = None) -> CellOutcome:
     """Lock the cell, re-check it under the lock, run it if it is still to run; the lock is always released."""
     from dfbench.benchmark.engine import lifecycle
 
@@ -171,7 +177,8 @@ def _run_cell(cell: Cell, before: str, out: str | Path, cache: _DataCache, *, st
         t0 = time.perf_counter()
         error = ""
         try:
-            lifecycle.run(cell.cfg, out, force=force, progress=progress, data=cache.get(cell.cfg), lock=lk)
+            lifecycle.run(cell.cfg, out, force=force, progress=progress, data=cache.get(cell.cfg), lock=lk, log=log,
+                          log_group=log_group)
         except Exception as err:  # noqa: BLE001 - isolate the cell: record it, go on with the grid
             error = f"{type(err).__name__}: {err}".splitlines()[0]
         seconds = time.perf_counter() - t0

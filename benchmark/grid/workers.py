@@ -23,6 +23,7 @@ from dfbench.benchmark.core.config import ConfigError, parse_value
 from dfbench.benchmark.grid.plan import select_cells
 from dfbench.benchmark.grid.runner import GridSummary, run_grid
 from dfbench.benchmark.grid.spec import Grid
+from dfbench.benchmark.tracking import parse_trackers
 
 
 def set_text(value: Any) -> str:
@@ -35,10 +36,11 @@ def set_text(value: Any) -> str:
 
 
 def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_failed: bool = False,
-                device: str | None = None) -> list[str]:
+                device: str | None = None, log: Sequence[str] = (), log_group: str | None = None) -> list[str]:
     """The `dfbench grid` arguments of one extra worker: the same grid file, overrides (`grid.extra`),
-    --only and --out, quiet; never --workers, --shard, --force or --download (the first process fetched).
-    `device`: its --device instead of the grid's (`worker_devices`: one GPU of several)."""
+    --only and --out, the trackers (--log, --log-group), quiet; never --workers, --shard, --force or
+    --download (the first process fetched). `device`: its --device instead of the grid's
+    (`worker_devices`: one GPU of several)."""
     if not Path(grid.source).is_file():
         raise ConfigError(f"grid workers read the grid from its file; {grid.source!r} is not one "
                           "(load the grid with load_grid, or run it with workers=1)")
@@ -52,6 +54,10 @@ def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_
             argv += ["--set", f"{key}={set_text(value)}"]
     if device is not None:
         argv += ["--device", device]
+    if log:
+        argv += ["--log", ",".join(log)]
+    if log_group is not None:
+        argv += ["--log-group", log_group]
     return argv + (["--retry-failed"] if retry_failed else []) + ["--no-progress"]
 
 
@@ -93,20 +99,23 @@ def worker_env(workers: int) -> dict[str, str]:
 
 def run_with_workers(grid: Grid, out: str | Path, *, workers: int = 1, shard: tuple[int, int] | None = None,
                      only: Sequence[str] = (), retry_failed: bool = False, force: bool = False, progress: bool = True,
-                     download: bool = False, data: Any = None, echo: Callable[[str], None] | None = None) -> GridSummary:
+                     download: bool = False, data: Any = None, echo: Callable[[str], None] | None = None,
+                     log: str | Sequence[str] = (), log_group: str | None = None) -> GridSummary:
     """Run the grid's selected cells in `workers` processes (this one and workers-1 more); see the module docstring.
 
     With `workers=1` it is `run_grid` in this process. More workers share the cells by locking
     them, so `shard` and `force` are refused (run --force alone: one process deletes the cells,
     then start the workers), and so is `data` (the other processes load the datasets themselves).
     Missing inputs raise `fetch.MissingInputsError` before any worker starts. `summary.worker_codes`
-    holds the other workers' exit codes; `summary.ok` is False unless every one is 0.
+    holds the other workers' exit codes; `summary.ok` is False unless every one is 0. `log`,
+    `log_group`: experiment trackers for every cell, in every worker (benchmark/tracking/).
     """
+    log = parse_trackers(log)  # an unknown tracker: refused before any worker or cell
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"invalid value for '--workers': {workers}; allowed: an integer >= 1")
     if workers == 1:
         return run_grid(grid, out, shard=shard, only=only, retry_failed=retry_failed, force=force, progress=progress,
-                        download=download, data=data, echo=echo)
+                        download=download, data=data, echo=echo, log=log, log_group=log_group)
     if shard is not None or force:
         raise ConfigError("--workers shares the cells by locking them: drop --shard, and run --force alone "
                           "(one process deletes the cells, then start the workers)")
@@ -116,7 +125,9 @@ def run_with_workers(grid: Grid, out: str | Path, *, workers: int = 1, shard: tu
 
     selected = select_cells(grid.cells, only=only)
     devices = worker_devices([c.cfg.device for c in selected], workers, _gpu_count())
-    argvs = [worker_command(worker_argv(grid, out, only=only, retry_failed=retry_failed, device=dev)) for dev in devices[1:]]
+    argvs = [worker_command(worker_argv(grid, out, only=only, retry_failed=retry_failed, device=dev, log=log,
+                                        log_group=log_group))
+             for dev in devices[1:]]
     if devices[0] is not None:  # this process on cuda:0, as its grid file read with that --device
         from dfbench.benchmark.grid.spec import load_grid
 
@@ -129,7 +140,8 @@ def run_with_workers(grid: Grid, out: str | Path, *, workers: int = 1, shard: tu
     print(f"dfbench grid: {workers} workers on {out} (pids {os.getpid()} "
           f"{' '.join(str(p.pid) for p in procs)}; OMP_NUM_THREADS={env['OMP_NUM_THREADS']}{on})", file=sys.stderr)
     try:
-        summary = run_grid(grid, out, only=only, retry_failed=retry_failed, progress=progress, echo=echo)
+        summary = run_grid(grid, out, only=only, retry_failed=retry_failed, progress=progress, echo=echo, log=log,
+                           log_group=log_group)
     finally:
         codes = [p.wait() for p in procs]
     summary.worker_codes = codes
