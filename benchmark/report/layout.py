@@ -243,6 +243,18 @@ def _setting_label(row: pd.Series, params: str, varying: Sequence[str], usual: M
     return _method_cell(row) + (f" ({', '.join(extra)})" if extra else "")
 
 
+def setting_labels(block: pd.DataFrame, params: Mapping[int, str] | None = None,
+                   shown_cfg: Sequence[str] | None = None) -> dict[int, str]:
+    """Row index -> the setting's name in this dataset/partition block: the method, the
+    hyperparameters worth reading and the config keys where it differs from the block's usual
+    value, e.g. "fedavg" beside "fedavg (stragglers=0.3)" (the plots' legends use it too)."""
+    params = hyperparameters(block) if params is None else params
+    if shown_cfg is None:
+        shown_cfg = _varying_config(block)[0]
+    usual = {c: _usual(block, c) for c in shown_cfg}
+    return {idx: _setting_label(row, params[idx], shown_cfg, usual) for idx, row in block.iterrows()}
+
+
 def _run_links(row: pd.Series, runs_dir: str | None) -> list[tuple[str, str]]:
     if not runs_dir or not isinstance(row.get("run_ids"), str):
         return []
@@ -300,8 +312,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     varying, shared = _varying_config(block)
     shown_cfg = [c for c in varying if c[4:] not in ALWAYS_SHOWN_CONFIG] + \
         [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in varying]
-    usual = {c: _usual(block, c) for c in shown_cfg}
-    labels = {idx: _setting_label(row, params[idx], shown_cfg, usual) for idx, row in block.iterrows()}
+    labels = setting_labels(block, params, shown_cfg)
     target = tuple(meta.target) if meta.target else None
 
     def has(col: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 import matplotlib
@@ -119,11 +120,12 @@ def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, 
         return f"no scored setting with {x} > 0"
     if len(df) < scored and x == "uplink_mb_mean":  # e.g. an expert mixture: its clients upload nothing
         note += f"; {scored - len(df)} setting(s) without uplink left out"
-    from dfbench.benchmark.report.layout import hyperparameters  # the page's rule: non-default or varying ones
+    from dfbench.benchmark.report.layout import setting_labels  # the page's names (hyperparameters, config)
 
-    shown = hyperparameters(df)
-    df = df.assign(label=[f"{r['method']} ({shown[i]})" if shown[i] else str(r["method"]) for i, r in df.iterrows()],
-                   xv=pd.to_numeric(df[x]))
+    names: dict[Any, str] = {}
+    for _, block in df.groupby(["dataset", "partition"], sort=False):
+        names.update(setting_labels(block))
+    df = df.assign(label=[names[i] for i in df.index], xv=pd.to_numeric(df[x]))
     datasets = sorted(df["dataset"].unique())
     labels = list(dict.fromkeys(df.sort_values("label")["label"]))
     colors = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
@@ -190,6 +192,8 @@ def plot_metric_vs_alpha(table: pd.DataFrame, metrics: Sequence[str], path: Path
     df = table[pd.to_numeric(table["alpha"], errors="coerce").notna()]
     if df.empty:
         return "no run with a dirichlet:A partition"
+    if pd.to_numeric(df["alpha"]).nunique() < 2:
+        return f"only one Dirichlet alpha ({pd.to_numeric(df['alpha']).iloc[0]:g}): nothing to plot against"
     note = "seed mean of each setting; bars: 95% interval; settings at one alpha are spread sideways so no bar hides another"
     if n_iid:
         note += f"; iid settings ({n_iid}) omitted: alpha = inf"
