@@ -196,6 +196,7 @@ def test_rerender_from_csv_matches_the_report(report: tuple[Path, Path, dict[str
     again = rerender(copy)
     assert again["leaderboard_md"].read_text() == written["leaderboard_md"].read_text()
     assert again["leaderboard_html"].read_text() == written["leaderboard_html"].read_text()
+    assert (copy / "skipped.txt").read_text() == written["skipped"].read_text()
     (copy / "leaderboard.csv").unlink()
     with pytest.raises(FileNotFoundError, match="leaderboard.csv"):
         rerender(copy)

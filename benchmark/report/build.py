@@ -153,6 +153,8 @@ def rerender(out_dir: str | Path, target: tuple[str, float] | None = None) -> di
         images[f"plot_{name}"] = drawn[name]  # in build_report's order
     meta.notes = [n for n in meta.notes if not any(n.startswith(f"plot {k}:") for k in plots)] + \
         [f"plot {k}: {v}" for k, v in plot_notes.items() if not any(n.startswith(f"plot {k}:") for n in meta.notes)]
+    if meta.notes:  # as build_report keeps it: the skipped plots and mosaics, one per line
+        (out / "skipped.txt").write_text("\n".join(meta.notes) + "\n", encoding="utf-8")
     written = {
         "report_json": meta.write(out),
         "leaderboard_md": write_markdown(table, metrics, meta, out, _targets(images, out)),
