@@ -83,11 +83,21 @@ def _column(driver, table_id: str, header: str) -> list[str]:
 def _click(driver, table_id: str, header: str) -> None:
     from selenium.webdriver.common.by import By
 
-    for th in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} thead th"):
+    # by id, not "#id": block ids hold dots (dirichlet-0.1), which a CSS id selector reads as a class
+    for th in driver.find_element(By.ID, table_id).find_elements(By.CSS_SELECTOR, "thead th"):
         if th.text == header:
             th.click()
             return
     raise AssertionError(f"no header {header!r} in #{table_id}")
+
+
+def _keep(png: Path) -> None:
+    """DFBENCH_SCREENSHOTS=DIR keeps a copy of each screenshot there, to look at (the test's own copy
+    lives in pytest's temporary folder)."""
+    keep = os.environ.get("DFBENCH_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(keep) / png.name)
 
 
 def _numbers(keys: list[str]) -> list[float]:
@@ -131,6 +141,7 @@ def test_page_loads_without_console_errors_and_sorts(page: Path, browser, tmp_pa
     assert sec
     browser.save_screenshot(str(tmp_path / "desktop.png"))
     assert (tmp_path / "desktop.png").stat().st_size > 10_000
+    _keep(tmp_path / "desktop.png")
 
 
 def test_page_reads_on_a_phone(page: Path, browser, tmp_path: Path) -> None:
@@ -149,6 +160,7 @@ def test_page_reads_on_a_phone(page: Path, browser, tmp_path: Path) -> None:
     assert "#fmnist-iid" in links and "#fmnist-dirichlet-0.1" in links and "#failures" in links
     browser.save_screenshot(str(tmp_path / "phone.png"))
     assert (tmp_path / "phone.png").stat().st_size > 5_000
+    _keep(tmp_path / "phone.png")
 
 
 def test_run_folder_links_resolve(page: Path, browser) -> None:
@@ -162,3 +174,35 @@ def test_run_folder_links_resolve(page: Path, browser) -> None:
     for href in hrefs:
         target = Path(unquote(urlparse(href).path))
         assert (target / "config.json").is_file(), href
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+COMMITTED = sorted(p for p in RESULTS.glob("**/leaderboard.html") if "runs" not in p.relative_to(RESULTS).parts)
+
+
+@pytest.mark.parametrize("page_path", COMMITTED, ids=lambda p: str(p.parent.relative_to(RESULTS)))
+def test_committed_report_pages_load_sort_and_read_on_a_phone(page_path: Path, browser) -> None:
+    """Every committed study's page (results/**/leaderboard.html): no console error, nothing from
+    outside the file, each block's main table sorts by its ranking metric, no sideways scrolling on a
+    phone. (Their run-folder links resolve only where the study's runs were made: runs are not committed.)"""
+    browser.set_window_size(1280, 900)
+    browser.get(page_path.as_uri())
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == [], errors
+    images = browser.execute_script("return Array.from(document.images).map(i => [i.src.slice(0, 22), i.naturalWidth]);")
+    assert images and all(src == "data:image/png;base64," and w > 0 for src, w in images)
+    assert browser.execute_script("return document.querySelectorAll('script[src], link[href], iframe').length;") == 0
+    mains = browser.execute_script("return Array.from(document.querySelectorAll('table[id$=\"-main\"]')).map(t => t.id);")
+    assert mains, "no main table"
+    for table in mains:
+        header = browser.execute_script(
+            "return Array.from(document.getElementById(arguments[0]).tHead.rows[0].cells)"
+            ".map(h => h.textContent).find(t => / [↓↑]$/.test(t));", table)
+        assert header, f"#{table} has no ranking-metric column"
+        _click(browser, table, header)
+        values = [v for v in _numbers(_column(browser, table, header)) if not math.isnan(v)]
+        assert values == sorted(values), (table, values)
+    browser.set_window_size(390, 844)
+    browser.get(page_path.as_uri())
+    width = browser.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+    assert width[0] <= width[1], f"{page_path} scrolls sideways on a phone: {width}"

@@ -1,4 +1,5 @@
-"""Honest ranks on constructed run folders: overlapping intervals share a rank (marked as a
+"""Honest ranks on constructed run folders: rank = 1 + the settings clearly better (intervals
+disjoint), so overlapping intervals share a rank when nothing else tells them apart (marked as a
 tie), separated ones do not; the leaderboard says what the interval is; metrics that could
 not be computed are absent with a note, never zero."""
 
@@ -42,7 +43,8 @@ def test_overlapping_intervals_share_a_rank(tmp_path):
     assert _ranks(tmp_path / "out") == {"fedprox": (1, True), "fedavg": (1, True)}
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "| 1= | fedprox |" in md and "| 1= | fedavg |" in md
-    assert f"Intervals [low, high]: {CI}." in md and "share a rank" in md
+    assert f"Intervals [low, high]: {CI}." in md and "a rank that several settings share" in md
+    assert "Rank = 1 + the number of settings whose fd_fmnist interval lies wholly on the better side" in md
     assert "318.1 [305, 331]" in md
     html = (tmp_path / "out" / "leaderboard.html").read_text()
     assert "1=" in html and CI in html

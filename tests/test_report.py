@@ -237,7 +237,7 @@ def test_a_plot_without_a_relation_is_skipped_and_its_old_file_removed(tmp_path:
     written = build_report(runs, tmp_path / "out")
     notes = written["skipped"].read_text()
     assert "metric_vs_keep_ratio: only one keep ratio (0.5)" in notes and not stale.exists()
-    assert "metric_vs_gamma_star: gamma_star is 2 for every scored run" in notes
+    assert "metric_vs_gamma_star: gamma_star is 2 for every scored setting" in notes
 
 
 def test_mosaic(report: tuple[Path, Path, dict[str, Path]]) -> None:

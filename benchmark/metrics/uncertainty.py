@@ -9,7 +9,8 @@
 - `bootstrap_statistic`: the same resampling for any statistic of the rows.
 - `t_interval`: mean and Student-t interval across seeds.
 - `tie_ranks`: a method's rank is 1 + the number of methods *clearly* better
-  (intervals disjoint); methods whose intervals overlap share a rank.
+  (intervals disjoint). Overlap is not transitive: two methods whose intervals
+  overlap can rank apart when a third is clearly better than one of them only.
 
 Interval convention (recorded with every interval, see `Interval.method`):
 "basic" is the basic (reverse-percentile) bootstrap, [2 t - q_hi, 2 t - q_lo]
@@ -280,8 +281,9 @@ def tie_ranks(
 
     j is clearly better than i when their intervals are disjoint and j is on the
     better side (lower is better: high_j < low_i). Entries whose intervals
-    overlap therefore share a rank; `tied` marks a rank held by more than one
-    entry. An entry without an interval counts as the point [value, value]; a
+    overlap are not clearly better than one another, though they can still
+    rank apart (a third entry clearly better than one of them only); `tied`
+    marks a rank held by more than one entry. An entry without an interval counts as the point [value, value]; a
     missing / NaN value gets (None, False).
     """
     if not len(values) == len(lows) == len(highs):

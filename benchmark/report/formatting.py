@@ -80,8 +80,10 @@ def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
     parts = list(by_kind) if len(by_kind) == 1 else [f"{', '.join(ms)}: {kind}" for kind, ms in by_kind.items()]
     text = "Intervals [low, high]: " + "; ".join(parts) + "."
     if primary:
-        text += (f" Settings whose {primary} intervals overlap share a rank (`=` marks a tie): "
-                 "the difference between them is inside the uncertainty.")
+        text += (f" Rank = 1 + the number of settings whose {primary} interval lies wholly on the better side of "
+                 "this one's (clearly better); `=` marks a rank that several settings share: the differences between "
+                 "them are inside the uncertainty. Two settings whose intervals overlap can still rank apart when a "
+                 "third is clearly better than one of them only.")
     return text
 
 

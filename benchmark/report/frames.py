@@ -373,7 +373,7 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFr
         if primary is not None:
             scored = block[~block["baseline"] & block[f"{primary}_mean"].notna()]
             # Baselines are references, not contenders: they get no rank. Rank = 1 + the settings whose
-            # interval lies wholly below this one's; overlapping intervals share a rank (a tie).
+            # interval lies wholly below this one's (uncertainty.tie_ranks); a rank several settings hold is a tie.
             ranked = tie_ranks(scored[f"{primary}_mean"].tolist(), scored[f"{primary}_ci_low"].tolist(),
                                scored[f"{primary}_ci_high"].tolist(), higher_is_better=better(primary) == "higher")
             table.loc[scored.index, "rank"] = [math.nan if r is None else r for r, _ in ranked]

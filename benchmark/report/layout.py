@@ -371,7 +371,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     return Section(
         dataset=dataset, partition=partition, title=block_title(dataset, partition), anchor=safe_name(f"{dataset}-{partition}"),
         headline=_headline(block, primary, labels),
-        ranking=(f"Ranked by {primary}; ties (`=`) where intervals overlap. " if primary else "") +
+        ranking=(f"Ranked by {primary} (rule below). " if primary else "") +
                 "Uplink vs fedavg: how many times less (or more) uplink than fedavg in this block (`*`: fedavg ran "
                 "another budget, compared per client upload).",
         intervals=interval_sentence(block, primary) if primary else "",

@@ -42,7 +42,10 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
     "(clip=2, noise=0.1)", see frames.curve_labels), added to the method's line."""
     notes: list[str] = []
     tiles: list[tuple[Image.Image, list[str]]] = []
-    for _, row in block.iterrows():
+    from dfbench.benchmark.report.layout import setting_labels
+
+    names = setting_labels(block)
+    for idx, row in block.iterrows():
         if not row["grid"]:
             notes.append(f"{row['setting']}: no grid.png")
             continue
@@ -54,10 +57,11 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
             continue
         primary = row["primary_metric"]
         score = f"{primary} {fmt_metric(row, primary, int(row['n']))}" if primary and row[f"{primary}_n"] else "no score"
-        method = f"untrained ({row['method']})" if row["baseline"] else str(row["method"])
+        name = names[idx]  # the page's name: the hyperparameters off the method's defaults, not all of them
         rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])} "
         told = "" if row["baseline"] else (extra or {}).get(str(row["group_key"]), "")
-        caption = [f"{rank}{method}{' ' + told if told else ''}", str(row["params"]), score, f"seed {row['grid_seed']}"]
+        told = "" if told.strip("()") in name else told
+        caption = [f"{rank}{name}{' ' + told if told else ''}", score, f"seed {row['grid_seed']}"]
         tiles.append((tile, [c for c in caption if c]))
     if not tiles:
         return None, notes + [f"{title}: no readable grid.png, mosaic skipped"]

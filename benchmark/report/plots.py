@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
@@ -108,27 +109,45 @@ def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: 
     return _save(grid, path, "mean ± std over seeds")
 
 
-def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
-                           log_x: bool | None, connect: bool, ticks_at_values: bool) -> Path | str:
-    """One panel per dataset; one colour per setting (method and the hyperparameters the leaderboard shows); the seed mean of
-    the dataset's ranking metric with its 95% interval as a bar. Settings that share an x value are
-    spread sideways by a small fixed offset (said in the note) so that no bar hides another."""
-    df = _with_score(table, metrics, suffix="_mean")
-    scored = len(df)
-    df = df[pd.to_numeric(df[x], errors="coerce") > 0] if len(df) else df
-    if df.empty:
-        return f"no scored setting with {x} > 0"
-    if len(df) < scored and x == "uplink_mb_mean":  # e.g. an expert mixture: its clients upload nothing
-        note += f"; {scored - len(df)} setting(s) without uplink left out"
-    from dfbench.benchmark.report.layout import setting_labels  # the page's names (hyperparameters, config)
+def _setting_names(scored: pd.DataFrame) -> dict[Any, str]:
+    """Row index -> the setting's name on the page (named within its whole dataset/partition block)."""
+    from dfbench.benchmark.report.layout import setting_labels
 
     names: dict[Any, str] = {}
-    for _, block in df.groupby(["dataset", "partition"], sort=False):
+    for _, block in scored.groupby(["dataset", "partition"], sort=False):
         names.update(setting_labels(block))
+    return names
+
+
+def setting_colors(table: pd.DataFrame, metrics: Sequence[str]) -> dict[str, Any]:
+    """Setting name (the page's) -> its colour, over every scored setting of the report, so one
+    setting has one colour in every plot drawn from the table, whatever each plot leaves out."""
+    ordered = sorted(set(_setting_names(_with_score(table, metrics, suffix="_mean")).values()))
+    return dict(zip(ordered, sns.color_palette("tab10" if len(ordered) <= 10 else "husl", len(ordered))))
+
+
+def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
+                           log_x: bool | None, connect: bool, ticks_at_values: bool,
+                           positive_only: bool = True, colors: dict[str, Any] | None = None) -> Path | str:
+    """One panel per dataset; one colour per setting (method and the hyperparameters the leaderboard shows,
+    `setting_colors`); the seed mean of the dataset's ranking metric with its 95% interval as a bar.
+    Settings that share an x value are spread sideways by a small fixed offset (said in the note) so
+    that no bar hides another. `positive_only`: leave out settings with x <= 0 (no uplink, no pruning);
+    `colors`: the report's `setting_colors` when `table` is a part of it."""
+    colors = setting_colors(table, metrics) if colors is None else colors
+    df = _with_score(table, metrics, suffix="_mean")
+    names = _setting_names(df)  # before leaving rows out: a setting keeps its page name
+    scored = len(df)
+    if len(df):
+        xv = pd.to_numeric(df[x], errors="coerce")
+        df = df[xv > 0] if positive_only else df[xv.notna()]
+    if df.empty:
+        return f"no scored setting with {x} {'> 0' if positive_only else 'recorded'}"
+    if len(df) < scored and x == "uplink_mb_mean":  # e.g. an expert mixture: its clients upload nothing
+        note += f"; {scored - len(df)} setting(s) without uplink left out"
     df = df.assign(label=[names[i] for i in df.index], xv=pd.to_numeric(df[x]))
     datasets = sorted(df["dataset"].unique())
     labels = list(dict.fromkeys(df.sort_values("label")["label"]))
-    colors = dict(zip(labels, sns.color_palette("tab10" if len(labels) <= 10 else "husl", len(labels))))
     markers = dict(zip(sorted(df["partition"].unique()), "oXs^DvP*"))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
@@ -173,7 +192,8 @@ def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, 
         handles += [plt.Line2D([], [], color="#555", marker=m, ls="", label=p) for p, m in markers.items()]
     fig.tight_layout()
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
-    fig.text(0.01, -0.02, note, fontsize=8, color="#555", ha="left", va="top")
+    # wrapped to the figure's width: one long line would widen the canvas past the panels
+    fig.text(0.01, -0.02, textwrap.fill(note, width=int(16 * fig.get_figwidth())), fontsize=8, color="#555", ha="left", va="top")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     plt.close(fig)
@@ -198,7 +218,7 @@ def plot_metric_vs_alpha(table: pd.DataFrame, metrics: Sequence[str], path: Path
     if n_iid:
         note += f"; iid settings ({n_iid}) omitted: alpha = inf"
     return _points_with_intervals(df, metrics, "alpha", path, "Dirichlet alpha (smaller = more heterogeneous)", note,
-                                  log_x=True, connect=True, ticks_at_values=True)
+                                  log_x=True, connect=True, ticks_at_values=True, colors=setting_colors(table, metrics))
 
 
 def plot_metric_vs_uplink(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
@@ -216,6 +236,8 @@ def table_plots(table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path) ->
     return _run_jobs({
         "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
+        "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(table, metrics, p),
+        "metric_vs_w2": lambda p: plot_metric_vs_w2(table, metrics, p),
     }, plots_dir)
 
 
@@ -276,36 +298,41 @@ def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str]
     return _save(grid, path, "mean ± std over seeds")
 
 
-def _plot_vs_bound_term(runs: pd.DataFrame, metrics: Sequence[str], column: str, label: str, path: Path) -> Path | str:
-    df = _with_score(runs, metrics)
+def _plot_vs_bound_term(table: pd.DataFrame, metrics: Sequence[str], column: str, label: str, path: Path) -> Path | str:
+    """Score vs a bound term of the pruning study, one point per setting (seed means, as the uplink
+    plot: the page's names and colours, 95% interval bars, settings at one x spread sideways)."""
+    name = column.removesuffix("_mean")  # the table's seed mean of the run's value
+    df = _with_score(table, metrics, suffix="_mean")
     if df.empty or column not in df:
         return "no scored runs"
-    df = df[pd.to_numeric(df[column], errors="coerce").notna()]
-    if df.empty:
-        return f"no run recorded {column}"
-    if column == "w2_mean":  # a method that prunes nothing has w^2 = 0: not a point on the pruning axis
-        df = df[pd.to_numeric(df[column]) > 0]
-        if df.empty:
+    values = pd.to_numeric(df[column], errors="coerce").dropna()
+    if values.empty:
+        return f"no run recorded {name}"
+    w2 = column == "w2_mean_mean"
+    if w2:  # a method that prunes nothing has w^2 = 0: not a point on the pruning axis
+        values = values[values > 0]
+        if values.empty:
             return "no run pruned anything (w^2 = 0 for every run)"
-    if pd.to_numeric(df[column]).nunique() < 2:
-        return f"{column} is {pd.to_numeric(df[column]).iloc[0]:g} for every scored run: nothing to plot against"
-    grid = sns.relplot(
-        data=df, x=column, y="score", hue="method", style=_style(df), col="dataset", kind="scatter", s=60,
-        facet_kws={"sharey": False, "sharex": False}, height=3.5, aspect=1.2,
-    )
-    _label_panels(grid, df)
-    grid.set_xlabels(label)
-    return _save(grid, path, "one point per run")
+    if values.nunique() < 2:
+        return f"{name} is {values.iloc[0]:g} for every scored setting{' that prunes' if w2 else ''}: nothing to plot against"
+    note = "one point per setting (mean over seeds); bars: 95% interval; settings at one x are spread sideways"
+    if w2:
+        note += "; settings that prune nothing (w^2 = 0) left out"
+    # Gamma* counts updates: where every setting's mean is a whole number, a labelled tick at each value
+    # present and none between (a tick at 0.5 updates reads as nonsense)
+    whole = not w2 and bool((values == values.round()).all()) and values.nunique() <= 12
+    return _points_with_intervals(table, metrics, column, path, label, note, log_x=False, connect=False,
+                                  ticks_at_values=whole, positive_only=w2)
 
 
-def plot_metric_vs_gamma_star(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+def plot_metric_vs_gamma_star(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
     """Score vs Gamma* (how often the least-trained parameter was updated; pruning bound term)."""
-    return _plot_vs_bound_term(runs, metrics, "gamma_star", "Gamma* (updates of the least-trained parameter)", path)
+    return _plot_vs_bound_term(table, metrics, "gamma_star_mean", "Γ* (updates of the least-trained parameter)", path)
 
 
-def plot_metric_vs_w2(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
+def plot_metric_vs_w2(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path | str:
     """Score vs mean pruning extent w^2 (pruning bound term)."""
-    return _plot_vs_bound_term(runs, metrics, "w2_mean", "mean pruning extent w^2", path)
+    return _plot_vs_bound_term(table, metrics, "w2_mean_mean", "mean pruning extent w² (over rounds)", path)
 
 
 CURVE_AXES = (("round", "round"), ("uplink_mb", "cumulative uplink (MB)"), ("client_images", "client work (full-model images)"),
@@ -362,8 +389,8 @@ def make_plots(
         "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
         "loss_per_round": lambda p: plot_loss_per_round(rounds, p, run_labels(runs)),
-        "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(runs, metrics, p),
-        "metric_vs_w2": lambda p: plot_metric_vs_w2(runs, metrics, p),
+        "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(table, metrics, p),
+        "metric_vs_w2": lambda p: plot_metric_vs_w2(table, metrics, p),
         "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),
     }
     assert list(jobs) == list(PLOT_NAMES)
