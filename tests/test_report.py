@@ -345,3 +345,48 @@ def test_later_fields_at_their_neutral_value_and_memory_knobs_do_not_split_a_set
     runs, _, _ = runs_frame([old, new, other])
     keys = list(runs["group_key"])
     assert keys[0] == keys[1] != keys[2]
+
+
+def test_dodge_spreads_only_points_that_share_an_x_and_keeps_lone_points_in_place() -> None:
+    from dfbench.benchmark.report.plots import _dodged
+
+    # prepare: three settings at x = 2, one at x = 1 and one a hair from 2.5 / 2.5 (a near tie)
+    panel = pd.DataFrame({"label": ["a", "b", "c", "d", "e", "f"], "partition": ["iid"] * 6,
+                          "xv": [2.0, 2.0, 2.0, 1.0, 2.5, 2.5001]})
+    # execute
+    xp = _dodged(panel, labels=["a", "b", "c", "d", "e", "f"], log=False, span=1.5, step=0.02)
+    # assert: the lone point keeps its x; the group of three is centred on 2, 0.02 * 1.5 apart in label order
+    assert xp.iloc[3] == 1.0
+    assert xp.iloc[:3].tolist() == pytest.approx([2.0 - 0.03, 2.0, 2.0 + 0.03])
+    assert xp.iloc[4:].tolist() == pytest.approx([2.50005 - 0.015, 2.50005 + 0.015])
+    # on a log axis the step is in decades
+    log = _dodged(panel.iloc[:3], labels=["a", "b", "c"], log=True, span=0.0, step=0.1)
+    assert log.tolist() == pytest.approx([2.0 * 10 ** -0.1, 2.0, 2.0 * 10 ** 0.1])
+
+
+def test_a_setting_keeps_its_colour_whatever_a_plot_leaves_out(tmp_path: Path, monkeypatch) -> None:
+    """The uplink plot leaves out a setting without uplink; the setting colours come from the whole
+    table, so fedavg has the same colour there as in a plot that holds every setting."""
+    import matplotlib.axes
+
+    from dfbench.benchmark.report.plots import plot_metric_vs_gamma_star, plot_metric_vs_uplink, setting_colors
+
+    runs = tmp_path / "runs"
+    make_run(runs, "s0-fa", evaluations=[fd(10.0)], extra_metrics={"gamma_star": 2})
+    make_run(runs, "s0-ex", method="experts", evaluations=[fd(12.0)], uplink_bits=0, extra_metrics={"gamma_star": 1})
+    make_run(runs, "s0-rp", method="random_prune", params={"keep_ratio": 0.25}, evaluations=[fd(20.0)],
+             extra_metrics={"gamma_star": 0, "w2_mean": 0.5})
+    data = collect(runs)
+    colors = setting_colors(data.table, data.metrics)
+    assert set(colors) == {"fedavg", "experts", "random_prune (keep_ratio=0.25)"}
+    drawn: list[Any] = []
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, *a, **k: (drawn.append(tuple(k["color"])), real(self, *a, **k))[1])
+    # execute: the uplink plot (experts left out: no uplink) and the Γ* plot (every setting)
+    assert isinstance(plot_metric_vs_uplink(data.table, data.metrics, tmp_path / "u.png"), Path)
+    uplink, drawn[:] = list(drawn), []
+    assert isinstance(plot_metric_vs_gamma_star(data.table, data.metrics, tmp_path / "g.png"), Path)
+    # assert: one bar per setting, in label order, each in the report's colour of its setting
+    assert uplink == [tuple(colors["fedavg"]), tuple(colors["random_prune (keep_ratio=0.25)"])]
+    assert drawn == [tuple(colors[k]) for k in ("experts", "fedavg", "random_prune (keep_ratio=0.25)")]

@@ -37,7 +37,8 @@ def _wrap(text: str, draw: ImageDraw.ImageDraw, font: Any, width: int) -> list[s
 
 def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int = 192,
                 extra: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
-    """Side-by-side grids of one block (first seed per setting), captioned with method, params and score;
+    """Side-by-side grids of one block (first seed per setting), captioned with rank, the page's name
+    for the setting (method and the hyperparameters off its defaults) and score;
     `extra`: group_key -> the config that tells a setting apart from the block's others (e.g. DP's
     "(clip=2, noise=0.1)", see frames.curve_labels), added to the method's line."""
     notes: list[str] = []
@@ -58,7 +59,8 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
         primary = row["primary_metric"]
         score = f"{primary} {fmt_metric(row, primary, int(row['n']))}" if primary and row[f"{primary}_n"] else "no score"
         name = names[idx]  # the page's name: the hyperparameters off the method's defaults, not all of them
-        rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])} "
+        tie = "=" if str(row.get("rank_tie")).lower() == "true" else ""  # as the page writes a shared rank
+        rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])}{tie} "
         told = "" if row["baseline"] else (extra or {}).get(str(row["group_key"]), "")
         told = "" if told.strip("()") in name else told
         caption = [f"{rank}{name}{' ' + told if told else ''}", score, f"seed {row['grid_seed']}"]

@@ -126,6 +126,29 @@ def setting_colors(table: pd.DataFrame, metrics: Sequence[str]) -> dict[str, Any
     return dict(zip(ordered, sns.color_palette("tab10" if len(ordered) <= 10 else "husl", len(ordered))))
 
 
+def _dodged(panel: pd.DataFrame, labels: Sequence[str], log: bool, span: float, step: float = 0.015) -> pd.Series:
+    """x positions with the points that (nearly) share an x value spread sideways, centred on it:
+    points closer than `step` (in decades on a log axis, else in fractions of the x range `span`)
+    form one group, ordered by label and partition, `step` apart; a lone point keeps its x."""
+    pos = np.log10(panel["xv"].to_numpy(float)) if log else panel["xv"].to_numpy(float) / (span or 1.0)
+    order = {label: i for i, label in enumerate(labels)}
+    rows = sorted(range(len(panel)), key=lambda r: (pos[r], order[panel["label"].iloc[r]], str(panel["partition"].iloc[r])))
+    groups: list[list[int]] = []
+    for r in rows:
+        if groups and pos[r] - pos[groups[-1][-1]] < step:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    shift = np.zeros(len(panel))
+    for group in groups:
+        group.sort(key=lambda r: (order[panel["label"].iloc[r]], str(panel["partition"].iloc[r])))
+        centre = float(np.mean(pos[group]))
+        for j, r in enumerate(group):
+            shift[r] = centre + (j - (len(group) - 1) / 2) * step - pos[r]
+    xv = panel["xv"].to_numpy(float)
+    return pd.Series(xv * 10 ** shift if log else xv + shift * (span or 1.0), index=panel.index)
+
+
 def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
                            log_x: bool | None, connect: bool, ticks_at_values: bool,
                            positive_only: bool = True, colors: dict[str, Any] | None = None) -> Path | str:
@@ -154,22 +177,18 @@ def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, 
         panel = df[df["dataset"] == dataset]
         xs = panel["xv"].to_numpy(float)
         log = bool(xs.max() / xs.min() > 20) if log_x is None else log_x
-        n = len(labels)
-        for i, label in enumerate(labels):
+        span = float(xs.max() - xs.min()) or float(xs.max())
+        panel = panel.assign(xp=_dodged(panel, labels, log, span))
+        for label in labels:
             pts = panel[panel["label"] == label].sort_values("xv")
             if pts.empty:
                 continue
-            shift = (i - (n - 1) / 2) * 0.012  # in decades (log x) or in fractions of the x range
-            if log:
-                xp = pts["xv"] * 10 ** shift
-            else:
-                span = float(xs.max() - xs.min()) or float(xs.max())
-                xp = pts["xv"] + shift * span
+            xp = pts["xp"]
             low = (pts["score"] - pts["score_low"]).clip(lower=0).fillna(0)
             high = (pts["score_high"] - pts["score"]).clip(lower=0).fillna(0)
             ax.errorbar(xp, pts["score"], yerr=[low, high], fmt="-" if connect else "none", color=colors[label],
                         elinewidth=1, capsize=2, lw=1.2, alpha=0.9)
-            for part, grp in pts.assign(xp=xp).groupby("partition"):
+            for part, grp in pts.groupby("partition"):
                 ax.scatter(grp["xp"], grp["score"], color=colors[label], marker=markers[part], s=40, zorder=3,
                            edgecolor="white", linewidth=0.5)
         if log:
