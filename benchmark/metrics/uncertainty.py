@@ -283,8 +283,8 @@ def tie_ranks(
     better side (lower is better: high_j < low_i). Entries whose intervals
     overlap are not clearly better than one another, though they can still
     rank apart (a third entry clearly better than one of them only); `tied`
-    marks a rank held by more than one entry. An entry without an interval counts as the point [value, value]; a
-    missing / NaN value gets (None, False).
+    marks a rank held by more than one entry. An entry without an interval
+    counts as the point [value, value]; a missing / NaN value gets (None, False).
     """
     if not len(values) == len(lows) == len(highs):
         raise ValueError(f"values, lows and highs differ in length: {len(values)}, {len(lows)}, {len(highs)}")
