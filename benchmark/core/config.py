@@ -1,9 +1,12 @@
 """Run configuration: frozen dataclasses, validated when built.
 
-A run is fully described by one `RunConfig`. Everything that changes the result
-is in it (and therefore in the run id); where a run is written, speed and memory
-knobs and the device index are not (see `NON_RESULT_KEYS`), the device type is
-(`numerics_key`: a GPU draws other random numbers than a CPU).
+A run is fully described by one `RunConfig`. Each field declares, where it is defined
+(`schema.declare`), whether it changes the result (then it is in the run id) or only where and
+how fast a run is made (paths, speed and memory knobs, the device index: not in the id), the
+schema version it entered with and its neutral value, when it is active and its short label;
+the run id, the report's grouping and the drift reference's pairing are derived from that
+(benchmark/core/schema.py). The device type is in the id (`numerics_key`: a GPU draws other
+random numbers than a CPU).
 
 Dotted keys address fields for `--set KEY=VALUE`: `train.lr=1e-3`,
 `system.participation=0.5`, `method.mu=0.01`, `eval.samples=500`, `seed=3`.
@@ -22,7 +25,9 @@ from typing import Any, Literal, Mapping
 
 # ConfigError and the value conversion live in a leaf module so that the method registry can use
 # them at import time without importing this module (which validates through the registry).
+from dfbench.benchmark.core import schema
 from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
+from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare  # noqa: F401  (SCHEMA_VERSION re-exported)
 
 DATASETS = ("fmnist", "svhn", "cifar10")
 Objective = Literal["ddpm", "fm"]
@@ -38,93 +43,120 @@ Sampling = Literal["fixed", "poisson"]
 Weighting = Literal["uniform", "size"]
 
 
+# -- when a field changes the result (schema.declare's `active` / `canonical`; `get` reads a dotted key
+# of a RunConfig or of a stored config.json alike) ------------------------------------------------------
+
+def _asynchronous(get: schema.Getter) -> bool:  # the asynchronous driver's knobs change nothing in synchronous rounds
+    return get("train.driver") != "sync"
+
+
+def _curve_on(get: schema.Getter) -> bool:  # no curve: its sample count changes nothing
+    return bool(get("eval.every"))
+
+
+def _leakage_on(get: schema.Getter) -> bool:  # no leakage metrics: their image count changes nothing
+    return bool(get("eval.privacy_metrics"))
+
+
+def _dp_on(get: schema.Getter) -> bool:  # DP off: its knobs change nothing (and run ids from before it stay)
+    return bool(get("privacy.clip"))
+
+
+def _times_drawn(get: schema.Getter) -> str:
+    """The id names what trains: time_sampling=auto and its resolution (`time_sampling_for`) are one run."""
+    chosen = get("train.time_sampling")
+    if chosen != "auto":
+        return chosen
+    return "logit_normal" if get("train.objective") == "fm" else "uniform"
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "fmnist"
-    partition: str = "iid"  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
-    clients: int = 10
-    min_client_size: int = 8  # a partition giving a client fewer samples is retried, then refused
-    client_images: int = 0  # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all)
-    root: str | None = None  # explicit data folder (else DFBENCH_DATA, the system path, download)
+    dataset: str = declare("fmnist")
+    partition: str = declare("iid")  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
+    clients: int = declare(10)
+    min_client_size: int = declare(8)  # a partition giving a client fewer samples is retried, then refused
+    client_images: int = declare(0, since=6, neutral=0)  # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all)
+    root: str | None = declare(None, role="execution")  # explicit data folder (else DFBENCH_DATA, the system path, download)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    rounds: int = 10
-    local_steps: int = 20
-    batch_size: int = 64
-    lr: float = 1e-3
-    lr_decay: LrDecay = "none"  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
-    objective: Objective = "ddpm"
+    rounds: int = declare(10)
+    local_steps: int = declare(20)
+    batch_size: int = declare(64)
+    lr: float = declare(1e-3)
+    lr_decay: LrDecay = declare("none", since=2, neutral="none")  # client lr over rounds: none (constant) or cosine (round r of R: lr * (1 + cos(pi (r-1) / R)) / 2)
+    objective: Objective = declare("ddpm")
     # flow matching's training times: uniform on [0, 1), or logit_normal (t = sigmoid(n), n ~ N(0, 1):
     # Esser et al. 2024, more weight on the middle of the path, where the velocity is hardest);
     # auto = logit_normal when objective is fm (measured: results/cpu-recipe), else uniform
-    time_sampling: TimeSampling = "auto"
-    schedule: Schedule = "cosine"
-    timesteps: int = 1000  # DDPM discretisation
-    model: Preset = "auto"
-    ema: float = 0.0  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
-    grad_clip: float = 1.0  # max global grad norm per local step (0 = off)
-    sigma1_probe_steps: int = 4  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
+    time_sampling: TimeSampling = declare("auto", since=3, neutral="uniform", canonical=_times_drawn)
+    schedule: Schedule = declare("cosine")
+    timesteps: int = declare(1000)  # DDPM discretisation
+    model: Preset = declare("auto")
+    ema: float = declare(0.0)  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
+    grad_clip: float = declare(1.0)  # max global grad norm per local step (0 = off)
+    sigma1_probe_steps: int = declare(4)  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
     # -- speed knobs (see benchmark/engine/batched.py and `dfbench perf`) --
-    amp: Amp = "off"  # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id)
-    channels_last: bool = False  # feed the convolutions NHWC batches (sequential clients; speed only)
-    compile: bool = False  # torch.compile the model for local training (CUDA only; speed only)
-    clients_mode: ClientsMode = "sequential"  # "batched": a round's clients train in lockstep (torch.func.vmap)
-    client_batch: int = 0  # clients per lockstep group in batched mode (0 = all of the round's clients)
+    amp: Amp = declare("off")  # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id)
+    channels_last: bool = declare(False, role="execution")  # feed the convolutions NHWC batches (sequential clients; speed only)
+    compile: bool = declare(False, role="execution")  # torch.compile the model for local training (CUDA only; speed only)
+    clients_mode: ClientsMode = declare("sequential", role="execution")  # "batched": a round's clients train in lockstep (torch.func.vmap)
+    client_batch: int = declare(0, role="execution")  # clients per lockstep group in batched mode (0 = all of the round's clients)
     # CUDA numerics (benchmark/core/numerics.py): true = deterministic kernels, cuBLAS workspace
     # pinned, TF32 off (bitwise reproducible on one GPU model and software stack); false = cuDNN
     # autotuning and TF32 (faster, not reproducible). Part of the run id on CUDA; CPU has no switch.
-    deterministic: bool = True
+    deterministic: bool = declare(True, role="execution")
     # -- who trains when (benchmark/engine/asynchronous.py) --
-    driver: Driver = "sync"  # sync: synchronous rounds; fedbuff: asynchronous buffered aggregation (Nguyen et al. 2022)
-    concurrency: int = 0  # fedbuff: clients training at once (0 = every client)
-    buffer: int = 0  # fedbuff: reports per server step (0 = concurrency); train.rounds counts server steps
-    staleness: str = "poly:0.5"  # fedbuff: weight of a report tau versions old: constant | poly:A = (1 + tau)^-A
+    driver: Driver = declare("sync", since=4, neutral="sync")  # sync: synchronous rounds; fedbuff: asynchronous buffered aggregation (Nguyen et al. 2022)
+    concurrency: int = declare(0, since=4, neutral=0, active=_asynchronous)  # fedbuff: clients training at once (0 = every client)
+    buffer: int = declare(0, since=4, neutral=0, active=_asynchronous)  # fedbuff: reports per server step (0 = concurrency); train.rounds counts server steps
+    staleness: str = declare("poly:0.5", since=4, neutral="poly:0.5", active=_asynchronous)  # fedbuff: weight of a report tau versions old: constant | poly:A = (1 + tau)^-A
 
 
 @dataclass(frozen=True)
 class SystemConfig:
-    participation: float = 1.0  # fraction of clients sampled each round
+    participation: float = declare(1.0)  # fraction of clients sampled each round
     # how a round's clients are drawn: fixed = max(1, round(participation * N)) without replacement;
     # poisson = each client independently with probability `participation` (what DP accountants assume)
-    sampling: Sampling = "fixed"
-    dropout: float = 0.0  # probability that a sampled client drops out of the round
-    stragglers: float = 0.0  # fraction of clients that run fewer local steps
-    straggler_steps: float = 0.5  # a straggler runs ceil(this * local_steps) steps
-    capacity: str = ""  # capacity tiers "KEEP:FRACTION,...", e.g. "1.0:0.5,0.5:0.5" (pruning methods)
+    sampling: Sampling = declare("fixed", since=5, neutral="fixed")
+    dropout: float = declare(0.0)  # probability that a sampled client drops out of the round
+    stragglers: float = declare(0.0)  # fraction of clients that run fewer local steps
+    straggler_steps: float = declare(0.5)  # a straggler runs ceil(this * local_steps) steps
+    capacity: str = declare("")  # capacity tiers "KEEP:FRACTION,...", e.g. "1.0:0.5,0.5:0.5" (pruning methods)
     # -- the simulated clock (benchmark/engine/clock.py): simulated seconds per client and round --
-    speed: str = ""  # client compute speeds: "" (all 1), "SPEED:FRACTION,..." tiers (capacity's order), "lognormal:SIGMA"
-    compute_rate: float = 100.0  # images / s (forward + backward) of a speed-1 client at its full model
-    uplink_mbps: float = 0.0  # client -> server link, Mbit/s (0 = instantaneous)
-    downlink_mbps: float = 0.0  # server -> client link, Mbit/s (0 = instantaneous)
-    deadline: float = 0.0  # round deadline in simulated seconds: a later client's update is dropped (0 = none)
+    speed: str = declare("", since=4, neutral="")  # client compute speeds: "" (all 1), "SPEED:FRACTION,..." tiers (capacity's order), "lognormal:SIGMA"
+    compute_rate: float = declare(100.0, since=4, neutral=100.0)  # images / s (forward + backward) of a speed-1 client at its full model
+    uplink_mbps: float = declare(0.0, since=4, neutral=0.0)  # client -> server link, Mbit/s (0 = instantaneous)
+    downlink_mbps: float = declare(0.0, since=4, neutral=0.0)  # server -> client link, Mbit/s (0 = instantaneous)
+    deadline: float = declare(0.0, since=4, neutral=0.0)  # round deadline in simulated seconds: a later client's update is dropped (0 = none)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    samples: int = 1000
-    sampler: Sampler = "auto"  # auto = ddim for ddpm, heun for fm
-    sampler_steps: int = 20
-    metrics: str = "auto"  # comma list (fd_fmnist, fid, kid, fid_clean), auto, or none (no scoring)
-    reference_split: Literal["train", "test"] = "train"
-    noise_seed: int = 0  # the fixed noises: shared by every run of a dataset, independent of `seed`
-    grid: int = 8  # grid side: grid x grid samples in grid.png
+    samples: int = declare(1000)
+    sampler: Sampler = declare("auto")  # auto = ddim for ddpm, heun for fm
+    sampler_steps: int = declare(20)
+    metrics: str = declare("auto")  # comma list (fd_fmnist, fid, kid, fid_clean), auto, or none (no scoring)
+    reference_split: Literal["train", "test"] = declare("train")
+    noise_seed: int = declare(0)  # the fixed noises: shared by every run of a dataset, independent of `seed`
+    grid: int = declare(8)  # grid side: grid x grid samples in grid.png
     # memory knobs of evaluation (not of the result: a sample or a feature depends on its batch
     # neighbours only in the last float bits); lower them when evaluation runs out of GPU memory
-    sample_batch: int = 128  # = diffusion.SAMPLE_BATCH: images per sampling batch (diffusion.SAMPLE_BATCH, measured there)
-    feature_batch: int = 256  # images per feature-extraction batch (Inception, classifier)
+    sample_batch: int = declare(128, role="execution")  # = diffusion.SAMPLE_BATCH: images per sampling batch (diffusion.SAMPLE_BATCH, measured there)
+    feature_batch: int = declare(256, role="execution")  # images per feature-extraction batch (Inception, classifier)
     # also sample and score the method's other sampling rules (pruning's inference rules) beside the
     # result, as rows tagged `inference`; false saves one sampling pass per rule (the result is the same)
-    inference_variants: bool = True
+    inference_variants: bool = declare(True, role="execution")
     # quality curve: every `every` rounds (and at round 0, the untrained model) the primary metric
     # on the first `curve_samples` fixed noises, appended to curve.jsonl (0 = off; training unchanged)
-    every: int = 0
-    curve_samples: int = 200
+    every: int = declare(0, since=4, neutral=0)
+    curve_samples: int = declare(200, since=4, neutral=200, active=_curve_on)
     # what the model leaks (benchmark/engine/leakage.py): memorization (nearest training images of the
     # samples, copy rate, per-client attribution) and a loss-based membership-inference attack per client
-    privacy_metrics: bool = False
-    privacy_images: int = 256  # members per client (and as many held-out images per client) for the attack
+    privacy_metrics: bool = declare(False, since=5, neutral=False)
+    privacy_images: int = declare(256, since=5, neutral=256, active=_leakage_on)  # members per client (and as many held-out images per client) for the attack
 
 
 @dataclass(frozen=True)
@@ -134,25 +166,25 @@ class PrivacyConfig:
     weighted sum gets Gaussian noise of std noise * clip * (largest weight), and the model moves by
     that noisy sum over a fixed denominator. Off while clip = 0."""
 
-    clip: float = 0.0  # C (0 = DP off; inf = no clipping, only with noise = 0)
-    noise: float = 0.0  # the noise multiplier z (std of the noise on the sum / its sensitivity)
-    delta: float = 1e-5  # the delta of the reported (epsilon, delta)
+    clip: float = declare(0.0, since=5, neutral=0.0, active=_dp_on)  # C (0 = DP off; inf = no clipping, only with noise = 0)
+    noise: float = declare(0.0, since=5, neutral=0.0, active=_dp_on)  # the noise multiplier z (std of the noise on the sum / its sensitivity)
+    delta: float = declare(1e-5, since=5, neutral=1e-5, active=_dp_on)  # the delta of the reported (epsilon, delta)
     # client weights w_k in the sum: uniform (w = 1) or size (w = n_k, the client's sample count)
-    weighting: Weighting = "uniform"
+    weighting: Weighting = declare("uniform", since=5, neutral="uniform", active=_dp_on)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    method: str = "fedavg"
-    method_params: Mapping[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    method: str = declare("fedavg")
+    method_params: Mapping[str, Any] = declare(default_factory=dict)
+    seed: int = declare(0, seed=True)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    checkpoint_every: int = 5  # rounds between checkpoints (and always at the end)
-    device: str = "cpu"
+    checkpoint_every: int = declare(5, role="execution")  # rounds between checkpoints (and always at the end)
+    device: str = declare("cpu", role="execution")
 
     def __post_init__(self) -> None:
         # Store the method's resolved hyperparameters (defaults filled in, values converted to
@@ -173,12 +205,15 @@ class RunConfig:
                 out[f.name] = v
         return out
 
+    def record(self) -> dict[str, Any]:
+        """config.json: the run id and the schema version (bookkeeping, outside the id) beside the config."""
+        return {"run_id": self.run_id(), "schema": SCHEMA_VERSION, **self.to_dict()}
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        sections = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig,
-                    "privacy": PrivacyConfig}
+        sections = SECTIONS
         known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"run_id", "version"}
+        unknown = set(d) - known - set(schema.BOOKKEEPING)
         if unknown:
             raise ConfigError(f"unknown config key(s) {sorted(unknown)}; valid top-level keys: {sorted(known)}")
         kw: dict[str, Any] = {}
@@ -186,7 +221,7 @@ class RunConfig:
             if k in sections:
                 sec = sections[k]
                 # a stored config from before a field existed ran with the field's neutral value
-                v = {**{key.partition(".")[2]: neutral for key, neutral in LATER_FIELDS.items()
+                v = {**{key.partition(".")[2]: neutral for key, neutral in later_fields().items()
                         if key.partition(".")[0] == k}, **v}
                 names = {f.name for f in fields(sec)}
                 bad = set(v) - names
@@ -203,19 +238,30 @@ class RunConfig:
         return f"s{self.seed}-{config_hash(self)}"
 
 
-NON_RESULT_KEYS = ("device", "data.root", "checkpoint_every",
-                   "train.channels_last", "train.compile", "train.clients_mode", "train.client_batch",
-                   "train.deterministic", "eval.sample_batch", "eval.feature_batch", "eval.inference_variants")
+#: the config sections (a section's fields are addressed "section.field"); the schema walks these classes
+SECTIONS: dict[str, type] = {"data": DataConfig, "train": TrainConfig, "system": SystemConfig, "eval": EvalConfig,
+                             "privacy": PrivacyConfig}
 
 
-# Fields added after run ids were first published, with the value that reproduces the runs made
-# before them: left out of the hash at that value, so every existing run id stays valid.
-LATER_FIELDS = {"train.lr_decay": "none", "train.time_sampling": "uniform",
-                "system.speed": "", "system.compute_rate": 100.0, "system.uplink_mbps": 0.0,
-                "system.downlink_mbps": 0.0, "system.deadline": 0.0, "eval.every": 0, "eval.curve_samples": 200,
-                "train.driver": "sync", "train.concurrency": 0, "train.buffer": 0, "train.staleness": "poly:0.5",
-                "system.sampling": "fixed", "data.client_images": 0,
-                "privacy.clip": 0.0, "privacy.noise": 0.0, "privacy.delta": 1e-5, "privacy.weighting": "uniform", "eval.privacy_metrics": False, "eval.privacy_images": 256}
+def experiment_schema() -> list[schema.Entry]:
+    """Every config field with its declaration, dotted (`schema.Entry`), in declaration order."""
+    return schema.entries(RunConfig, SECTIONS)
+
+
+def execution_keys() -> tuple[str, ...]:
+    """Dotted keys that never change a result: where a run is written, speed and memory knobs, the device index."""
+    return schema.execution_keys(experiment_schema())
+
+
+def later_fields() -> dict[str, Any]:
+    """Fields added after run ids were first published, with the value that reproduces the runs made
+    before them: left out of the hash at that value, so every existing run id stays valid."""
+    return schema.later_fields(experiment_schema())
+
+
+# Derived aliases of the schema (read-only views, kept for callers of the old lists).
+NON_RESULT_KEYS: tuple[str, ...] = execution_keys()
+LATER_FIELDS: Mapping[str, Any] = types.MappingProxyType(later_fields())
 
 
 def time_sampling_for(t: TrainConfig, objective: str) -> str:
@@ -259,27 +305,13 @@ def device_type(device: Any) -> str:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    d = cfg.to_dict()
-    for key in NON_RESULT_KEYS:
-        head, _, rest = key.partition(".")
-        (d[head] if rest else d).pop(rest or head, None)
+    """The hash in the run id: of the result fields as the schema derives them (`schema.identity`: active,
+    canonical, later fields at their neutral value left out), plus the device's numerics (`numerics_key`).
+    The schema is read off the config's own classes, so a field declared on a section counts at once."""
+    sections = {name: type(getattr(cfg, name)) for name in SECTIONS}
+    d = schema.identity(schema.entries(type(cfg), sections), cfg)
     if (numerics := numerics_key(cfg)) is not None:
         d["numerics"] = numerics
-    if cfg.train.time_sampling == "auto":  # the id names what trains: auto and its resolution are one run
-        d["train"]["time_sampling"] = time_sampling_for(cfg.train, cfg.train.objective)
-    if not cfg.eval.every:  # no curve: its sample count changes nothing
-        d["eval"].pop("curve_samples")
-    if cfg.train.driver == "sync":  # the asynchronous driver's knobs change nothing in synchronous rounds
-        for key in ("concurrency", "buffer", "staleness"):
-            d["train"].pop(key)
-    if not cfg.eval.privacy_metrics:  # no leakage metrics: their image count changes nothing
-        d["eval"].pop("privacy_images")
-    if not cfg.privacy.clip:  # DP off: its other knobs change nothing (and run ids from before it stay)
-        d.pop("privacy")
-    for key, neutral in LATER_FIELDS.items():
-        head, _, rest = key.partition(".")
-        if head in d and rest in d[head] and d[head][rest] == neutral:
-            d[head].pop(rest)
     blob = json.dumps(d, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
