@@ -63,6 +63,15 @@ def add_log_args(p: argparse.ArgumentParser, group: str) -> None:
                    help=f"the trackers' group (W&B group, MLflow experiment; default: {group})")
 
 
+def add_plugin_args(p: argparse.ArgumentParser) -> None:
+    """--plugin (run, grid, report, methods, eval): modules that register methods from outside dfbench."""
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first: its @register_method classes become methods (repeatable). Also "
+                        "loaded: the modules in $DFBENCH_PLUGINS (comma-separated) and every installed "
+                        "entry point of the group \"dfbench.methods\". Grid workers and torchrun ranks load the same; "
+                        "a run whose method came from a plugin names it in its plugin.json (README 'Adding a method')")
+
+
 def _log_names(a: argparse.Namespace) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for names in a.log for name in names))
 
@@ -228,7 +237,7 @@ EVAL_SETTABLE = ("eval.sample_batch", "eval.feature_batch")  # `dfbench eval --s
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from dfbench.benchmark.engine.evaluate import evaluate_dir
+    from dfbench.benchmark.engine.evaluate import evaluate_dir, rescore_tree
     from dfbench.benchmark.engine.lifecycle import OutOfMemory
 
     settings = dict(a.overrides)
@@ -236,21 +245,43 @@ def cmd_eval(a: argparse.Namespace) -> int:
         raise ConfigError(f"`dfbench eval --set` takes {' and '.join(EVAL_SETTABLE)} only, not {', '.join(bad)} "
                           f"(other keys change the run: rerun it with `dfbench run --set ...`)")
     batches = {k.split(".", 1)[1]: v for k, v in settings.items()}
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            ci = f" [{row['ci_low']:.4f}, {row['ci_high']:.4f}]" if row.get("ci_low") is not None else ""
+            rule = f" [{row['inference']}]" if row.get("inference") else ""
+            print(f"{row['metric']}{rule}: {row['value']:.4f}{ci} ({row.get('extractor') or '-'}, "
+                  f"{row.get('num_samples', '-')} samples)")
+
     try:
-        rows = evaluate_dir(a.run_dir, a.device, **batches)
+        if a.replace:
+            for path in a.paths:
+                show(evaluate_dir(path, a.device, **batches))
+            return 0
+
+        def said(run: Any, rows: list[dict[str, Any]] | None, why: str | None) -> None:
+            if why is not None:
+                print(f"{run}: skipped: {why}", file=sys.stderr)
+            elif rows:
+                print(f"{run}: {len(rows)} row(s) scored")
+                show(rows)
+            else:
+                print(f"{run}: up to date")
+
+        for path in a.paths:
+            counts = rescore_tree(path, a.device, feature_batch=batches.get("feature_batch"), report=said)
+            print(f"{path}: {counts['rescored']} run(s) rescored, {counts['up_to_date']} up to date, "
+                  f"{counts['skipped']} skipped (not finished)")
     except OutOfMemory as err:
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
-    for row in rows:
-        ci = f" [{row['ci_low']:.4f}, {row['ci_high']:.4f}]" if row.get("ci_low") is not None else ""
-        print(f"{row['metric']}: {row['value']:.4f}{ci} ({row.get('extractor', '-')}, {row.get('num_samples', '-')} samples)")
     return 0
 
 
 def cmd_fid(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import fid_between
 
-    out = fid_between(a.a, a.b, extractor=a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
+    out = fid_between(a.a, a.b, extractor=a.extractor, weights=None if a.extractor in ("fmnist", "fmnist_ae") else a.inception_weights, device=a.device)
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -258,8 +289,8 @@ def cmd_fid(a: argparse.Namespace) -> int:
 def cmd_fid_ref(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import get_extractor, reference_stats
 
-    # --inception-weights applies to the Inception networks only; fmnist's weights are pinned in the package
-    ex = get_extractor(a.extractor, weights=None if a.extractor == "fmnist" else a.inception_weights, device=a.device)
+    # --inception-weights applies to the Inception networks only; the Fashion-MNIST networks' are pinned in the package
+    ex = get_extractor(a.extractor, weights=None if a.extractor in ("fmnist", "fmnist_ae") else a.inception_weights, device=a.device)
     mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
     print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
     return 0
@@ -316,10 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--download", action="store_true",
                    help="first fetch the dataset and weights this run needs and this machine lacks (see `dfbench fetch`)")
     add_log_args(r, '"dfbench-run"')
+    add_plugin_args(r)
     r.set_defaults(func=cmd_run)
 
     m = sub.add_parser("methods", help="list registered methods and their hyperparameters")
     m.add_argument("pattern", nargs="?", default="*")
+    add_plugin_args(m)
     m.set_defaults(func=cmd_methods)
 
     rep = sub.add_parser("report", help="leaderboard (md/csv) and a self-contained HTML report, plots and grid mosaics from run folders",
@@ -339,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no run folders: re-render --out's leaderboard.md and .html (and the plots drawn from the table: "
                           "metric vs alpha, metric vs uplink) from its leaderboard.csv and report.json; mosaics and "
                           "other plots are kept as they are")
+    add_plugin_args(rep)
     rep.set_defaults(func=cmd_report)
 
     g = sub.add_parser("grid", help="run a grid of runs (benchmark/grid/builtin/NAME.toml or a file); resumes, skips done cells",
@@ -372,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fetch the datasets and weights the cells need and this machine lacks before the first cell "
                         "(without it, a grid whose data is missing stops before running anything)")
     add_log_args(g, "the grid's name, so a grid is one view")
+    add_plugin_args(g)
     g.set_defaults(func=cmd_grid)
 
     fe = sub.add_parser(
@@ -389,23 +424,34 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("--no-progress", action="store_true", help="no progress bars")
     fe.set_defaults(func=cmd_fetch)
 
-    ev = sub.add_parser("eval", help="score a finished run's saved samples again (e.g. after placing the Inception weights)",
-                        description="Score a finished run's samples.npz (regenerated from the final checkpoint when it "
-                                    "is missing) and rewrite its metrics.json. The scoring runs on --device, not on "
-                                    "the device the run trained on: a GPU run can be scored on a CPU-only machine.")
-    ev.add_argument("run_dir")
+    ev = sub.add_parser("eval", help="re-score finished runs: add new metrics (and the held-out denoising loss) to a "
+                                     "run or a whole runs tree, or complete a pending evaluation",
+                        description="For every finished run folder under each PATH (a run folder or a runs tree): score "
+                                    "what this version of dfbench computes and the run's metrics.json lacks -- new metric "
+                                    "rows from its saved samples (samples.npz, regenerated from the final checkpoint when "
+                                    "it is missing) and the held-out denoising loss from its final weights -- and write "
+                                    "them to rescored.json beside it, which `dfbench report` reads. Nothing else in the "
+                                    "run folder is written. A run whose evaluation is pending (weights missing at its "
+                                    "end) is completed in metrics.json. --replace re-scores every metric of one run from "
+                                    "its saved samples and rewrites its metrics.json. The scoring runs on --device, not "
+                                    "on the device the run trained on: a GPU run can be scored on a CPU-only machine.")
+    ev.add_argument("paths", nargs="+", metavar="PATH", help="a run folder or a folder of run folders (searched recursively)")
+    ev.add_argument("--replace", action="store_true",
+                    help="re-score every metric of each run folder from its saved samples and rewrite its metrics.json "
+                         "(the behaviour before rescored.json)")
     ev.add_argument("--device", default=None,
                     help='cpu | cuda | cuda:N to score on (default: "cuda" when a GPU is visible, else "cpu"); '
                          "a device this machine lacks is refused before any work")
     ev.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                     help="eval.sample_batch=N (images per sampling batch) or eval.feature_batch=N (per feature-"
                          "extraction batch) for this scoring: lower them when it runs out of GPU memory")
+    add_plugin_args(ev)
     ev.set_defaults(func=cmd_eval)
 
     f = sub.add_parser("fid", help="distance between two image sets (folders of PNGs or .npz arrays)")
     f.add_argument("a")
     f.add_argument("b")
-    f.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist"])
+    f.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist", "fmnist_ae"])
     f.add_argument("--inception-weights", default=None)
     f.add_argument("--device", default="cpu")
     f.set_defaults(func=cmd_fid)
@@ -423,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     fr = sub.add_parser("fid-ref", help="compute and cache reference statistics")
     fr.add_argument("--dataset", required=True)
     fr.add_argument("--split", default="train", choices=["train", "test"])
-    fr.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist"])
+    fr.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist", "fmnist_ae"])
     fr.add_argument("--inception-weights", default=None)
     fr.add_argument("--data-root", default=None)
     fr.add_argument("--device", default="cpu")
@@ -452,6 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
     try:
+        if hasattr(args, "plugins"):  # before any work: a plugin that does not import stops here
+            from dfbench.methods.plugins import load_plugins
+
+            load_plugins(args.plugins)
         return int(args.func(args) or 0)
     except ConfigError as err:
         print(f"dfbench: config error: {err}", file=sys.stderr)

@@ -333,3 +333,15 @@ class Method:
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
         """Generate images in [-1, 1] from the fixed noise with the run's sampler."""
         return ctx.sample_single(params, noise, ctx.objective)
+
+    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The model as `sample` uses it, as a velocity field v(x_t, t) on the flow-matching path
+        x_t = (1 - t) x0 + t eps (target v = eps - x0), for the held-out denoising loss
+        (benchmark/engine/heldout.py): one space for every objective (a DDPM network's epsilon is
+        converted by SNR matching, `ctx.velocity`). Default: the one global model, in eval mode
+        (the caller restores training mode). A method that samples another network or mixes
+        several (sub-models, experts and their router) overrides it to return what it samples."""
+        ctx.flat.copy_(params)
+        ctx.model.eval()
+        objective = ctx.objective
+        return lambda x, t: ctx.velocity(ctx.model, x, torch.full((x.shape[0],), t, device=x.device), objective)

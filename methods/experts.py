@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -302,6 +302,13 @@ class Experts(Method):
                 ve = self._expert_velocity(e, x[rows], tb[rows], ctx)
                 v.index_add_(0, rows, w[rows, e].view(-1, *[1] * (x.dim() - 1)) * ve)
         return v
+
+    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The mixture as it samples: the router's weights (mixing mode; oracle: the full mixture,
+        since its second pass needs a whole trajectory) times each expert's velocity."""
+        ctx.model.eval()
+        flat = params.reshape(self.num_experts, -1)
+        return lambda x, t: self.mixture_velocity(flat, x, t, ctx)
 
     @torch.no_grad()
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int | None = None) -> torch.Tensor:

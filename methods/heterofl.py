@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 from torch import nn
@@ -285,6 +285,16 @@ class HeteroFL(Method):
         up = super().upload(local, plan, client, state, ctx)
         up.uplink_bits = FLOAT_BITS * int(plan.trained_params)
         return up
+
+    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The sub-model `sample` samples (the largest rate any client holds) as a velocity field."""
+        rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
+        if rate >= 1.0:
+            return super().velocity(params, ctx)
+        ctx.flat.copy_(params)
+        net = self.submodel(rate, ctx).model  # views of ctx.flat, in its own mode, as `sample` runs it
+        objective = ctx.objective
+        return lambda x, t: ctx.velocity(net, x, torch.full((x.shape[0],), t, device=x.device), objective)
 
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
         """Inference rule: the largest rate any client holds, with its training-time scaling."""

@@ -312,6 +312,10 @@ class _SubModelPruning(Method):
     def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
         return self.sample_as(self.config.inference, params, noise, ctx)
 
+    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The configured inference rule's model as a velocity field (what `sample` samples)."""
+        return super().velocity(self.inference_params(params, ctx, self.config.inference), ctx)
+
     def sample_as(self, mode: Inference, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
         """Samples of the model under inference rule `mode` (the submodel rule with the configured
         inference_keep / inference_seed)."""

@@ -42,7 +42,7 @@ def test_a_gpu_trained_run_is_scored_on_this_cpu_machine(gpu_trained_run, capsys
         (d / runfolder.SAMPLES).unlink()
     assert not torch.cuda.is_available()  # the default --device is then cpu
     # the old code built the context and the extractor on config.json's "cuda": no CUDA here, it raised
-    assert main(["eval", str(d)]) == 0, capsys.readouterr().err
+    assert main(["eval", str(d), "--replace"]) == 0, capsys.readouterr().err
     assert "fd_fmnist: " in capsys.readouterr().out
     after = json.loads((d / runfolder.METRICS).read_text())["evaluations"]
     assert [r["metric"] for r in after] == [r["metric"] for r in before] and "fd_fmnist" in [r["metric"] for r in after]

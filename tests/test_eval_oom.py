@@ -84,14 +84,14 @@ def test_dfbench_eval_out_of_memory_names_the_eval_batches_and_keeps_the_run_as_
 
     monkeypatch.setattr(scoring, "evaluate_samples", evaluate_samples)
     # the old code let torch's error out of `dfbench eval` (a traceback, no advice)
-    assert main(["eval", str(d)]) == 1
+    assert main(["eval", str(d), "--replace"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("dfbench: error: out of GPU memory on cpu during evaluation") and "\n" not in err
     assert "eval.feature_batch (now 256" in err and f"dfbench eval {d} --device cpu --set eval.sample_batch=64" in err
     assert "--set eval.feature_batch=128" in err and CUDA_SAID in err and "config.json are left as they are" in err
     assert (d / runfolder.METRICS).read_bytes() == metrics and (d / runfolder.STATUS).read_bytes() == status
     # the fix it names works
-    assert main(["eval", str(d), "--set", "eval.feature_batch=128"]) == 0
+    assert main(["eval", str(d), "--replace", "--set", "eval.feature_batch=128"]) == 0
     assert batches == [256, 128] and "fd_fmnist: " in capsys.readouterr().out
     assert runfolder.read_status(d)["state"] == "done"
     # other keys change the run, not its scoring: refused

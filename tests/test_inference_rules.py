@@ -130,6 +130,9 @@ def test_a_pruning_run_has_rows_for_every_rule_the_configured_first(runs, name):
     rules = _by_rule(rows)
     assert list(rules) == [configured] + [r for r in INFERENCE_MODES if r != configured]
     assert all(r["configured"] is (r["inference"] == configured) for r in rows)
+    # the held-out denoising loss scores the model the run samples (the configured rule), not its samples
+    assert [rule for rule, these in rules.items() if any(r["metric"] == "denoise_loss" for r in these)] == [configured]
+    rules = {rule: [r for r in these if r["metric"] != "denoise_loss"] for rule, these in rules.items()}
     metrics = [r["metric"] for r in rules[configured]]
     assert metrics[0] == "fd_fmnist"
     for rule, these in rules.items():  # each rule scored alike: the same metrics, samples, sampler
@@ -154,7 +157,7 @@ def test_the_result_is_bitwise_the_single_rule_evaluation_and_the_switch_turns_t
     on_rows, off_rows = _rows(on), _rows(off)
     assert {r["inference"] for r in off_rows} == {"scaled"} and all(r["configured"] is True for r in off_rows)
     assert on_rows[:len(off_rows)] == off_rows  # every key, every float
-    assert len(on_rows) == 3 * len(off_rows)
+    assert len(on_rows) == 3 * (len(off_rows) - 1) + 1  # the denoising loss once: the configured rule's model
     for name in (runfolder.SAMPLES, runfolder.GRID):
         assert (on / name).read_bytes() == (off / name).read_bytes()
     assert sorted(p.name for p in off.glob("samples*.npz")) == ["samples.npz"]

@@ -2,9 +2,12 @@
 
 <out>/<dataset>/<partition>/<method>/<run-id>/
     config.json     the full RunConfig (+ run_id); the folder name is derived from it
+    plugin.json     only for a method from outside dfbench: the plugin module that registered it and how
+                    it was loaded, so a rerun knows what to load (not part of the config: no run id changes)
     partition.json  per-client sizes and label histograms
     rounds.jsonl    one row per finished round
     metrics.json    evaluations, communication totals, wall time, diagnostics
+    rescored.json   metric rows added later by `dfbench eval` (metrics the run's code did not have)
     grid.png        the fixed-noise sample grid; samples.npz holds every evaluated sample (uint8)
     status.json     running / interrupted / done / failed (error, traceback) / diverged (reason)
     checkpoints/    ckpt-<round>.pt, written atomically; the last two are kept
@@ -32,11 +35,13 @@ from dfbench.benchmark.core.numerics import device_name
 
 # -- file names (the format; change nothing here without a migration) -----------------------
 CONFIG = "config.json"
+PLUGIN = "plugin.json"  # where a method from a plugin came from (methods/plugins.py `method_origin`)
 PARTITION = "partition.json"
 NUMERICS = "numerics.json"  # the device numerics of every start of the run (benchmark/core/numerics.py)
 ROUNDS = "rounds.jsonl"
 CURVE = "curve.jsonl"  # quality-curve points (eval.every), one JSON object per line like rounds.jsonl
 METRICS = "metrics.json"
+RESCORED = "rescored.json"  # rows `dfbench eval` added after the run (new metrics); metrics.json stays the run's own
 STATUS = "status.json"
 SAMPLES = "samples.npz"
 GRID = "grid.png"

@@ -29,7 +29,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
-from dfbench.benchmark.engine import leakage, privacy
+from dfbench.benchmark.engine import heldout, leakage, privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.metrics.drift import attach_drift
 
@@ -219,6 +219,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
     sampler = sampler_of(cfg, method)
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
+    if cfg.eval.metrics != "none":  # the model's own objective on held-out test images: no feature network
+        rows += heldout.method_denoising_rows(cfg, ctx, method, params)
     if cfg.eval.privacy_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
         leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
         rows += [{**row, LEAKAGE: True} for row in leak]
@@ -364,6 +366,9 @@ def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
         raise RuntimeError(pending)
     label, others = sample_variants(cfg, method)
     tag_rows(rows, label, True)
+    # the held-out denoising loss and the leakage rows need the trained model (and the clients' data), not only
+    # the samples: kept as the run wrote them, where the run wrote them (after the result's rows)
+    rows += [row for row in metrics.get("evaluations", []) if row.get(LEAKAGE) or row.get("metric") == heldout.METRIC]
     for other in others:
         # the samples the run's evaluation saved for this rule; a rule without them (a run evaluated
         # before variants were saved, or with eval.inference_variants=false) is left out, not sampled
@@ -371,8 +376,7 @@ def _evaluate_dir(d: Path, cfg: RunConfig) -> list[dict[str, Any]]:
         if path.exists():
             images = _read_samples(path, d, regenerable=False)
             rows += tag_rows(score(d, cfg, images, sampler, clients=clients)[0], other, False)
-    # the leakage rows need the trained model and the clients' data, not only the samples: kept as the run wrote them
-    metrics["evaluations"] = rows + [row for row in metrics.get("evaluations", []) if row.get(LEAKAGE)]
+    metrics["evaluations"] = rows
     metrics.pop("evaluation_pending", None)
     metrics.pop("evaluation_notes", None)
     if notes:
@@ -428,16 +432,100 @@ def _read_samples(path: Path, d: Path, regenerable: bool = True) -> torch.Tensor
     return torch.from_numpy(images)
 
 
-def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: bool = False) -> torch.Tensor:
-    """A finished run's evaluation samples again, from its final checkpoint, and samples.npz rewritten.
+def _row_key(row: dict[str, Any]) -> tuple[str, Any]:
+    return str(row.get("metric")), row.get("inference")
 
-    The resume path of `_run` with no round left: the method's state from the final checkpoint
-    (saved after finalize, so an expert mixture's router is restored, not retrained), then the
-    same fixed noises and sampler. `dfbench eval` uses it when samples.npz is missing, with `cfg`
-    on its eval device (`on_device`): on another device type than training's the images agree up to
-    that device's roundings. Raises FileNotFoundError when the final checkpoint is not there (the
-    run never finished).
+
+def rescore_dir(d: str | Path, device: str | None = None, *, feature_batch: int | None = None) -> list[dict[str, Any]]:
+    """Add what this code scores and a finished run lacks -- new metric rows from its saved samples (every
+    sampling rule whose samples were saved) and the held-out denoising loss from its final weights -- to
+    rescored.json (`runfolder.RESCORED`), which the reporter reads beside metrics.json. Every other byte of
+    the run folder stays as it was (a samples.npz deleted by hand is regenerated from the final checkpoint,
+    as `evaluate_dir` does). Returns the rows added (none when the run is up to date). A run whose
+    evaluation is pending (weights that were missing at its end) is completed instead: `evaluate_dir`.
     """
+    from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory
+
+    d = Path(d)
+    if not (d / runfolder.CONFIG).exists():
+        raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
+    status = runfolder.read_status(d) or {}
+    if status.get("state") != runfolder.DONE or not (d / runfolder.METRICS).exists():
+        raise FileNotFoundError(f"{d} is not a finished run (state {status.get('state', 'unknown')!r}); rerun `dfbench run` "
+                                f"with the same config to finish it (it evaluates the run when training ends)")
+    metrics = runfolder.read_json(d / runfolder.METRICS)
+    if metrics.get("evaluation_pending"):
+        return evaluate_dir(d, device, feature_batch=feature_batch)
+    device = eval_device(device)
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    if feature_batch is not None:
+        from dfbench.benchmark.core.config import apply_overrides
+
+        cfg = apply_overrides(cfg, {"eval.feature_batch": feature_batch})
+    try:
+        return _rescore_dir(d, cfg, metrics)
+    except torch.cuda.OutOfMemoryError as err:
+        msg = eval_oom_message(cfg, err, rerun=f"dfbench eval {d} --device {device}", of_run=False)
+    free_gpu_memory()
+    raise OutOfMemory(msg)
+
+
+def _rescore_dir(d: Path, cfg: RunConfig, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    samples = _saved_samples(d, cfg)  # checked (a damaged file is named), or regenerated when deleted
+    if cfg.eval.metrics == "none":
+        return []
+    added = runfolder.read_json(d / runfolder.RESCORED) if (d / runfolder.RESCORED).exists() else {}
+    have = {_row_key(r) for r in [*metrics.get("evaluations", []), *added.get("evaluations", [])]}
+    method = methods.create_method(cfg.method, **dict(cfg.method_params))
+    sampler = sampler_of(cfg, method)
+    label, others = sample_variants(cfg, method)
+    clients = functools.cache(lambda: _clients(cfg, run=d))
+    rows = tag_rows(score(d, cfg, samples, sampler, clients=clients)[0], label, True)
+    for other in others:
+        path = d / variant_samples_name(other)
+        if path.exists():
+            rows += tag_rows(score(d, cfg, _read_samples(path, d, regenerable=False), sampler, clients=clients)[0], other, False)
+    if (heldout.METRIC, label) not in have:  # the model's own loss needs the trained weights, not the samples
+        ctx, method, params = final_model(d, cfg)
+        rows += tag_rows(heldout.method_denoising_rows(cfg, ctx, method, params), label, True)
+    new = [row for row in rows if _row_key(row) not in have]
+    if new:
+        from dfbench.benchmark.core.runfolder import environment
+
+        record = {"evaluations": [*added.get("evaluations", []), *new],
+                  "note": "rows added after the run by `dfbench eval` (metrics.json is the run's own evaluation)",
+                  "environment": environment(cfg.device)}
+        runfolder.write_json(d / runfolder.RESCORED, record)
+    return new
+
+
+def rescore_tree(root: str | Path, device: str | None = None, *, feature_batch: int | None = None,
+                 report: Callable[[Path, list[dict[str, Any]] | None, str | None], None] | None = None) -> dict[str, int]:
+    """`rescore_dir` on every run folder under `root` (or `root` itself): {"rescored", "up_to_date", "skipped"}.
+    A run that is not finished is skipped and named through `report(path, None, why)`."""
+    root = Path(root)
+    found = [root] if (root / runfolder.CONFIG).exists() else sorted(p.parent for p in root.rglob(runfolder.CONFIG))
+    if not found:
+        raise FileNotFoundError(f"no run folder (a folder with {runfolder.CONFIG}) under {root}")
+    device = eval_device(device)
+    counts = {"rescored": 0, "up_to_date": 0, "skipped": 0}
+    for run in found:
+        try:
+            rows = rescore_dir(run, device, feature_batch=feature_batch)
+        except FileNotFoundError as err:
+            counts["skipped"] += 1
+            if report:
+                report(run, None, str(err))
+            continue
+        counts["rescored" if rows else "up_to_date"] += 1
+        if report:
+            report(run, rows, None)
+    return counts
+
+
+def final_model(d: Path, cfg: RunConfig, *, data: Any = None) -> tuple[Any, methods.Method, torch.Tensor]:
+    """(context, method after `finalize`, the parameters it samples: EMA when the run kept one) of a finished
+    run, from its final checkpoint; FileNotFoundError naming the fix when that checkpoint is not there."""
     from dfbench.benchmark.core import numerics
     from dfbench.benchmark.engine.context import build_context
 
@@ -451,12 +539,29 @@ def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: b
     if ck is None or ck["round"] != cfg.train.rounds:
         found = "none readable" if ck is None else f"the newest is round {ck['round']}"
         raise FileNotFoundError(f"{d / runfolder.CHECKPOINTS} holds no final checkpoint (round {cfg.train.rounds}; "
-                                f"{found}) to regenerate {runfolder.SAMPLES} from; rerun `dfbench run` with the same "
+                                f"{found}) to rebuild the trained model from; rerun `dfbench run` with the same "
                                 f"config and --force to train and evaluate the run again")
     state = methods.ServerState(params=ck["params"], extra=ck["extra"])
     method.finalize(state, ctx)
     ema = ck.get("ema")
+    return ctx, method, ema if ema is not None else state.params
+
+
+def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: bool = False) -> torch.Tensor:
+    """A finished run's evaluation samples again, from its final checkpoint, and samples.npz rewritten.
+
+    The resume path of `_run` with no round left: the method's state from the final checkpoint
+    (saved after finalize, so an expert mixture's router is restored, not retrained), then the
+    same fixed noises and sampler. `dfbench eval` uses it when samples.npz is missing, with `cfg`
+    on its eval device (`on_device`): on another device type than training's the images agree up to
+    that device's roundings. Raises FileNotFoundError when the final checkpoint is not there (the
+    run never finished).
+    """
+    try:
+        ctx, method, params = final_model(d, cfg, data=data)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(str(err).replace("to rebuild the trained model from", f"to regenerate {runfolder.SAMPLES} from")) from None
     ctx.progress = progress
-    samples = generate(cfg, ctx, method, ema if ema is not None else state.params)
+    samples = generate(cfg, ctx, method, params)
     write_samples(d, samples)
     return samples

@@ -2,6 +2,9 @@
 
     name                      extractor   better  kind      reference split  requestable  rank
     fd_fmnist                 fmnist      lower   frechet   eval.*           yes          1  (fmnist only)
+    fd_fmnist_ae              fmnist_ae   lower   frechet   eval.*           yes             (fmnist only)
+    kid_fmnist                fmnist      lower   kid       eval.*           yes             (fmnist only)
+    kid_fmnist_ae             fmnist_ae   lower   kid       eval.*           yes             (fmnist only)
     fid                       inception   lower   frechet   eval.*           yes          0  (ranks first)
     kid                       inception   lower   kid       eval.*           yes
     fid_clean                 clean       lower   frechet   eval.*           yes
@@ -10,8 +13,9 @@
     client_<fd>_mean / _worst,
     expert_<fd>_worst          <fd>'s     lower   client    train (the clients' own split)
     class_tv, low_classes      (labels)   lower   coverage  eval.*
+    denoise_loss               (model)    lower   model     the test split (engine/heldout.py)
 
-``<ex>`` is each extractor (fmnist, inception, clean), ``<fd>`` its Frechet metric; "eval.*" is
+``<ex>`` is each extractor (fmnist, fmnist_ae, inception, clean), ``<fd>`` its Frechet metric; "eval.*" is
 the run's ``eval.reference_split``. ``expert_<fd>_worst`` is the worst group of clients (an
 expert mixture's clients grouped by expert); its name is the metrics.json key and stays.
 
@@ -39,16 +43,17 @@ __all__ = [
 ]
 
 Better = Literal["lower", "higher"]
-Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage"]
+Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage", "model"]
 # "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold;
 # "own": the rows name their reference themselves (leakage: the clients' images vs the test split)
 ReferenceRule = Literal["eval", "train", "own"]
 
 # Feature extractors (benchmark.metrics.features.get_extractor names, which are also the names the
 # metric rows record under "extractor"), in the order their metrics are listed.
-EXTRACTORS: tuple[str, ...] = ("fmnist", "inception", "clean")
-EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier", "inception": "pytorch-fid's Inception",
-                                    "clean": "clean-fid's Inception"}
+EXTRACTORS: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean")
+EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier",
+                                    "fmnist_ae": "the label-free Fashion-MNIST autoencoder",
+                                    "inception": "pytorch-fid's Inception", "clean": "clean-fid's Inception"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,10 @@ class Metric:
 def _entries() -> list[Metric]:
     frechet = [
         Metric("fd_fmnist", "fmnist", "lower", "frechet", requestable=True, datasets=("fmnist",), rank=1),
+        # a second Fashion-MNIST space, label-free (features.FMNISTAutoencoder): reported beside fd_fmnist, never ranked
+        Metric("fd_fmnist_ae", "fmnist_ae", "lower", "frechet", requestable=True, datasets=("fmnist",)),
+        Metric("kid_fmnist", "fmnist", "lower", "kid", requestable=True, datasets=("fmnist",)),
+        Metric("kid_fmnist_ae", "fmnist_ae", "lower", "kid", requestable=True, datasets=("fmnist",)),
         Metric("fid", "inception", "lower", "frechet", requestable=True, rank=0),
         Metric("kid", "inception", "lower", "kid", requestable=True),
         Metric("fid_clean", "clean", "lower", "frechet", requestable=True),
@@ -80,6 +89,9 @@ def _entries() -> list[Metric]:
             out += [Metric(name, m.extractor, "lower", "client", reference="train")
                     for name in (f"client_{m.name}_mean", f"client_{m.name}_worst", f"expert_{m.name}_worst")]
     out += [Metric("class_tv", None, "lower", "coverage"), Metric("low_classes", None, "lower", "coverage")]
+    # the trained model's own objective on held-out test images, in velocity space (benchmark/engine/heldout.py):
+    # no feature network; computed from the model, not the samples
+    out += [Metric("denoise_loss", None, "lower", "model", reference="own")]
     # what a run leaks (eval.privacy_metrics; benchmark/engine/leakage.py): less is better, farther from
     # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
     for space, ex in (("pixel", None), ("fmnist", "fmnist")):
@@ -98,7 +110,8 @@ PRIMARY: tuple[str, ...] = tuple(m.name for m in sorted((m for m in METRICS.valu
                                                          key=lambda m: m.rank or 0))
 # eval.metrics=auto: per dataset; "*" for every other dataset. Inception metrics on a dataset with
 # its own classifier are added only when the Inception weights are there (`auto_metrics`).
-_AUTO: dict[str, tuple[str, ...]] = {"fmnist": ("fd_fmnist",), "*": ("fid", "kid")}
+_AUTO: dict[str, tuple[str, ...]] = {"fmnist": ("fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"),
+                                     "*": ("fid", "kid")}
 AUTO_FALLBACK: tuple[str, ...] = _AUTO["*"]
 
 

@@ -167,6 +167,13 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
         evaluations = metrics.get("evaluations", [])
         if not isinstance(evaluations, list):
             raise _Unreadable(f"{runfolder.METRICS}: 'evaluations' is not a list")
+        if (path / runfolder.RESCORED).is_file():  # rows `dfbench eval` added later: read beside the run's own
+            added = _read_json_dict(path / runfolder.RESCORED).get("evaluations", [])
+            if not isinstance(added, list):
+                raise _Unreadable(f"{runfolder.RESCORED}: 'evaluations' is not a list")
+            have = {(r.get("metric"), r.get("inference")) for r in evaluations}
+            extra = [{**r, "rescored": True} for r in added if (r.get("metric"), r.get("inference")) not in have]
+            metrics = {**metrics, "evaluations": [*evaluations, *extra]}
     except _Unreadable as exc:
         return failure("unreadable", f"failed to read: {exc}")
     curve, curve_warnings = runfolder.read_rounds_checked(path, runfolder.CURVE)
