@@ -132,12 +132,18 @@ def test_cache_key_includes_the_extractor_weights_hash(tmp_path, fake_reference)
 # ------------------------------------------------------------------ evaluate_images
 
 
-def test_auto_on_fmnist_without_inception_weights_gives_fd_fmnist_only(tmp_path, no_inception, fake_reference):
+def test_auto_on_fmnist_without_inception_weights_gives_its_two_networks_metrics(tmp_path, no_inception, fake_reference):
     samples = _fake_images(200, seed=2)
-    rows = ev.evaluate_images(samples, "fmnist", cache_dir=tmp_path)
-    assert [r["metric"] for r in rows] == ["fd_fmnist"]
+    rows = ev.evaluate_images(samples, "fmnist", cache_dir=tmp_path, kid_subsets=10)
+    assert [r["metric"] for r in rows] == ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]
+    assert [r["extractor"] for r in rows] == ["fmnist", "fmnist_ae", "fmnist", "fmnist_ae"]
+    assert all(set(r) == ROW_KEYS for r in rows)
+    # KID in the classifier's space: its features against the cached reference subset, recomputed
+    extractor = fe.get_extractor("fmnist")
+    ref = ev._reference("fmnist", "train", extractor, data_root=None, cache_dir_=tmp_path)
+    expected_kid = kid(extractor.features(samples), ref["kid_features"], num_subsets=10, subset_size=1000, seed=0)
+    assert (rows[2]["value"], rows[2]["std_err"]) == pytest.approx(expected_kid, rel=1e-9)
     row = rows[0]
-    assert set(row) == ROW_KEYS
     assert row["extractor"] == "fmnist" and row["backend"] == "dfbench"
     assert row["extractor_sha256"] == fe.FMNIST_CLASSIFIER_SHA256
     assert (row["num_samples"], row["reference"], row["std_err"]) == (200, "fmnist/train", None)
@@ -164,7 +170,7 @@ def test_auto_on_fmnist_adds_fid_and_kid_when_inception_weights_are_found(tmp_pa
     monkeypatch.setattr(ev, "get_extractor", get_extractor)
     samples = _fake_images(120, seed=3)
     rows = ev.evaluate_images(samples, "fmnist", cache_dir=tmp_path, kid_subsets=10, kid_subset_size=50)
-    assert [r["metric"] for r in rows] == ["fd_fmnist", "fid", "kid"]
+    assert [r["metric"] for r in rows] == ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid"]
     assert built["inception"] == weights  # the located file is what the extractor is built from
     by_name = {r["metric"]: r for r in rows}
     assert by_name["fid"]["extractor"] == "inception" and by_name["fid"]["std_err"] is None
@@ -196,9 +202,11 @@ def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extra
     # assert: the headline metrics are "auto"'s, and every row name is a table entry whose extractor
     # and direction are the ones the row records (a row without "better" is lower-is-better)
     names = [r["metric"] for r in rows]
-    assert names[:3] == table.auto_metrics("fmnist", True) == ["fd_fmnist", "fid", "kid"]
-    assert {"precision_fmnist", "coverage_inception", "client_fd_fmnist_worst", "client_fid_mean",
-            "expert_fd_fmnist_worst", "expert_fid_worst", "class_tv", "low_classes"} <= set(names), (names, notes)
+    assert names[:6] == table.auto_metrics("fmnist", True) == [
+        "fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid"]
+    assert {"precision_fmnist", "precision_fmnist_ae", "coverage_inception", "client_fd_fmnist_worst",
+            "client_fd_fmnist_ae_mean", "client_fid_mean", "expert_fd_fmnist_worst", "expert_fd_fmnist_ae_worst",
+            "expert_fid_worst", "class_tv", "low_classes"} <= set(names), (names, notes)
     for row in rows:
         entry = table.get(row["metric"])
         assert entry is not None, row["metric"]

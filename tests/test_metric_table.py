@@ -44,12 +44,18 @@ def test_entries_are_consistent():
 def test_scoring_reads_the_table():
     from dfbench.benchmark.metrics import scoring
 
-    assert scoring.METRICS == table.REQUESTABLE == ("fd_fmnist", "fid", "kid", "fid_clean")
-    assert table.auto_metrics("fmnist", False) == ["fd_fmnist"]
-    assert table.auto_metrics("fmnist", True) == ["fd_fmnist", "fid", "kid"]
+    fmnist_own = ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]  # its two committed networks
+    assert scoring.METRICS == table.REQUESTABLE == (*fmnist_own, "fid", "kid", "fid_clean")
+    assert table.auto_metrics("fmnist", False) == fmnist_own
+    assert table.auto_metrics("fmnist", True) == [*fmnist_own, "fid", "kid"]
     assert table.auto_metrics("svhn", False) == table.auto_metrics("cifar10", True) == ["fid", "kid"]
-    with pytest.raises(ValueError, match="only defined for dataset 'fmnist', not 'svhn'; use 'fid'"):
-        table.check_requested(["fd_fmnist"], "svhn")
+    for name in fmnist_own:
+        with pytest.raises(ValueError, match="only defined for dataset 'fmnist', not 'svhn'; use 'fid'"):
+            table.check_requested([name], "svhn")
+    with pytest.raises(ValueError, match="uses the label-free Fashion-MNIST autoencoder"):
+        table.check_requested(["kid_fmnist_ae"], "cifar10")
+    # the ranking metric stays the classifier's; the autoencoder's space is reported beside it
+    assert table.PRIMARY == ("fid", "fd_fmnist") and table.METRICS["fd_fmnist_ae"].rank is None
     with pytest.raises(ValueError, match="unknown metric"):
         table.check_requested(["precision_fmnist"], "fmnist")  # a quality row, not a metric one asks for
     assert table.reference_split_of("fid", "test") == "test" and table.reference_split_of("client_fid_mean", "test") == "train"
@@ -63,7 +69,8 @@ def test_fetch_asks_for_the_weights_of_the_extractor_the_table_names(metric):
     dataset = "fmnist" if table.METRICS[metric].datasets else "svhn"
     cfg = tiny_config(over={"data.dataset": dataset, "eval.metrics": metric})
     extractor = table.extractor_of(metric)
-    expected = {} if extractor == "fmnist" else {known_weights(str(extractor)).fetch_name: [metric]}  # fmnist's are committed
+    committed = extractor in ("fmnist", "fmnist_ae")  # Fashion-MNIST's networks are committed: nothing to fetch
+    expected = {} if committed else {known_weights(str(extractor)).fetch_name: [metric]}
     assert _weights_for(cfg) == expected
 
 
@@ -76,7 +83,7 @@ def test_dfbench_fid_names_its_metric_from_the_table(tmp_path):
         np.savez(tmp_path / f"{name}.npz", images=images[i])
     out = fid_between(tmp_path / "a.npz", tmp_path / "b.npz", extractor="fmnist")
     assert out["metric"] == table.frechet_metric("fmnist") == "fd_fmnist" and out["extractor"] == "fmnist"
-    with pytest.raises(ValueError, match=r"unknown extractor 'vgg'; choose one of \['fmnist', 'inception', 'clean'\]"):
+    with pytest.raises(ValueError, match=r"unknown extractor 'vgg'; choose one of \['fmnist', 'fmnist_ae', 'inception', 'clean'\]"):
         fid_between(tmp_path / "a.npz", tmp_path / "b.npz", extractor="vgg")  # type: ignore[arg-type]
     # `dfbench fid --extractor` offers exactly the extractors that give a Frechet distance
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
@@ -88,9 +95,11 @@ def test_drift_measures_in_the_table_s_extractors_only():
     from dfbench.benchmark.metrics.drift import run_extractors
 
     metrics = {"evaluations": [{"metric": "fd_fmnist", "extractor": "fmnist"}, {"metric": "x", "extractor": "vgg"},
+                               {"metric": "fd_fmnist_ae", "extractor": "fmnist_ae"},
+                               {"metric": "kid_fmnist", "extractor": "fmnist"},
                                {"metric": "fid", "extractor": "inception"}, {"metric": "kid", "extractor": "inception"},
                                {"metric": "fid_clean", "extractor": "clean"}]}
-    assert run_extractors(metrics) == ["fmnist", "inception", "clean"]
+    assert run_extractors(metrics) == ["fmnist", "fmnist_ae", "inception", "clean"]
 
 
 def test_the_reporter_ranks_and_marks_direction_from_the_table():

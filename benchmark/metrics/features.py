@@ -1,11 +1,16 @@
 """Feature extractors for image-distribution metrics, loaded from verified local files.
 
-Three extractors, each named in every metric row it produces:
+Four extractors, each named in every metric row it produces:
 
 - ``fmnist``: a small CNN trained on Fashion-MNIST by
   ``scripts/train_fmnist_classifier.py``; weights committed in
   ``benchmark/metrics/assets`` and sha256-pinned here. Its 128-d penultimate features
   give ``fd_fmnist`` (a Frechet distance, deliberately *not* called FID).
+- ``fmnist_ae``: the encoder of a convolutional autoencoder trained *without labels*
+  on the Fashion-MNIST train split by ``scripts/train_fmnist_encoder.py`` (committed
+  and pinned likewise): a second Fashion-MNIST feature space, independent in kind of
+  the classifier (what it keeps is what reconstructs pixels, not what tells classes
+  apart). Its 64-d bottleneck gives ``fd_fmnist_ae`` and ``kid_fmnist_ae``.
 - ``inception``: the standard FID network, pytorch-fid's ``InceptionV3``
   pool3 (2048-d) with the TF-Inception port ``pt_inception-2015-12-05-6726825d.pth``.
 - ``clean``: clean-fid's TorchScript TF-Inception with clean-fid's own resize
@@ -60,7 +65,9 @@ __all__ = [
     "ASSETS_DIR",
     "CLEAN_INCEPTION_WEIGHTS",
     "Extractor",
+    "FMNISTAutoencoder",
     "FMNISTClassifier",
+    "FMNIST_AE_SHA256",
     "FMNIST_CLASSIFIER_SHA256",
     "FIDInceptionFeatures",
     "INCEPTION_WEIGHTS",
@@ -76,9 +83,9 @@ __all__ = [
     "weights_dir",
 ]
 
-ExtractorName = Literal["fmnist", "inception", "clean"]
+ExtractorName = Literal["fmnist", "fmnist_ae", "inception", "clean"]
 CleanMode = Literal["clean", "legacy_tensorflow"]
-EXTRACTOR_NAMES: tuple[str, ...] = ("fmnist", "inception", "clean")
+EXTRACTOR_NAMES: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean")
 CLEAN_MODES: tuple[str, ...] = ("clean", "legacy_tensorflow")
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -86,6 +93,10 @@ FMNIST_CLASSIFIER_FILE = "fmnist_classifier.pt"
 # sha256 of benchmark/metrics/assets/fmnist_classifier.pt, as written by
 # scripts/train_fmnist_classifier.py (also recorded in fmnist_classifier.json).
 FMNIST_CLASSIFIER_SHA256 = "8756b342e7577d865356ffd5674c55f2be8489f45033af462381dcced270b06f"
+FMNIST_AE_FILE = "fmnist_ae.pt"
+# sha256 of benchmark/metrics/assets/fmnist_ae.pt (the autoencoder's encoder only), as written by
+# scripts/train_fmnist_encoder.py (also recorded in fmnist_ae.json).
+FMNIST_AE_SHA256 = "ce721f70f1045f363dba34192ee14c87f41d8b629f1eacba37aadec03c89919e"
 
 
 # --------------------------------------------------------------------------- fmnist
@@ -132,10 +143,61 @@ class _FMNISTFeatures(nn.Module):
         return self.classifier.embed(x)
 
 
+class FMNISTAutoencoder(nn.Module):
+    """Convolutional autoencoder for Fashion-MNIST; `embed` gives the 64-d features of fd_fmnist_ae.
+
+    Trained on pixels alone (MSE reconstruction, no labels), and built unlike
+    `FMNISTClassifier` on purpose: strided convolutions instead of max-pooling,
+    GroupNorm and SiLU instead of bare ReLU, a linear 64-d bottleneck. Encoder
+    28 -> 14 -> 7 -> 64; the decoder mirrors it with transposed convolutions.
+    Input float [B, 1, 28, 28] in [0, 1], standardised inside with the
+    train-split mean and std, like the classifier; `forward` returns the
+    reconstruction in the same [0, 1] units (not clamped).
+    """
+
+    MEAN = FMNISTClassifier.MEAN
+    STD = FMNISTClassifier.STD
+    FEATURE_DIMS = 64
+
+    def __init__(self, decoder: bool = True) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Conv2d(1, 32, 4, stride=2, padding=1), nn.GroupNorm(8, 32), nn.SiLU(),  # 28 -> 14
+            nn.Conv2d(32, 64, 4, stride=2, padding=1), nn.GroupNorm(8, 64), nn.SiLU(),  # 14 -> 7
+            nn.Conv2d(64, 32, 3, padding=1), nn.GroupNorm(8, 32), nn.SiLU(),  # 7 (32 channels: a small file)
+            nn.Flatten(), nn.Linear(32 * 7 * 7, self.FEATURE_DIMS),  # linear bottleneck
+        )
+        # the features need only the encoder (the committed file holds only its weights)
+        self.decoder = nn.Sequential(
+            nn.Linear(self.FEATURE_DIMS, 32 * 7 * 7), nn.Unflatten(1, (32, 7, 7)), nn.GroupNorm(8, 32), nn.SiLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.GroupNorm(8, 64), nn.SiLU(),  # 7
+            nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1), nn.GroupNorm(8, 32), nn.SiLU(),  # 7 -> 14
+            nn.ConvTranspose2d(32, 1, 4, stride=2, padding=1),  # 14 -> 28
+        ) if decoder else None
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The bottleneck: 64 linear features of the standardised image."""
+        return self.encoder((x - self.MEAN) / self.STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decoder is None:
+            raise RuntimeError("this FMNISTAutoencoder was built without its decoder (features only)")
+        return self.decoder(self.embed(x)) * self.STD + self.MEAN
+
+
+class _FMNISTAEFeatures(nn.Module):
+    def __init__(self, autoencoder: FMNISTAutoencoder) -> None:
+        super().__init__()
+        self.autoencoder = autoencoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.autoencoder.embed(x)
+
+
 def _prepare_fmnist(images: torch.Tensor) -> torch.Tensor:
     if images.shape[1:] != (1, 28, 28):
         raise ValueError(
-            f"the fmnist extractor takes Fashion-MNIST-shaped images [N, 1, 28, 28], got "
+            f"the fmnist extractors take Fashion-MNIST-shaped images [N, 1, 28, 28], got "
             f"{tuple(images.shape)}; use the 'inception' extractor for other datasets"
         )
     return images.float() / 255.0
@@ -323,7 +385,8 @@ def get_extractor(
 ) -> Extractor:
     """Build a verified feature extractor.
 
-    name: "fmnist" (committed classifier; `weights` may relocate it, hash still
+    name: "fmnist" (committed classifier), "fmnist_ae" (committed label-free
+    autoencoder's encoder; for both `weights` may relocate the file, the hash stays
     pinned), "inception" (pytorch-fid FID network) or "clean" (clean-fid,
     `clean_mode` "clean" or "legacy_tensorflow"). Weights for the Inception
     networks come from `weights`, else the env var, else torch hub's
@@ -347,6 +410,21 @@ def get_extractor(
         return Extractor(
             name="fmnist", sha256=FMNIST_CLASSIFIER_SHA256, backend="dfbench", resize="none-28",
             dims=FMNISTClassifier.FEATURE_DIMS, network=_FMNISTFeatures(classifier).eval().to(device),
+            prepare=_prepare_fmnist, device=device,
+        )
+    if name == "fmnist_ae":
+        path = Path(weights) if weights is not None else ASSETS_DIR / FMNIST_AE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"Fashion-MNIST autoencoder weights not found at {path}; they are committed in "
+                f"benchmark/metrics/assets (regenerate with scripts/train_fmnist_encoder.py)"
+            )
+        _verify(path, FMNIST_AE_SHA256)
+        autoencoder = FMNISTAutoencoder(decoder=False)
+        autoencoder.encoder.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return Extractor(
+            name="fmnist_ae", sha256=FMNIST_AE_SHA256, backend="dfbench", resize="none-28",
+            dims=FMNISTAutoencoder.FEATURE_DIMS, network=_FMNISTAEFeatures(autoencoder).eval().to(device),
             prepare=_prepare_fmnist, device=device,
         )
 

@@ -5,8 +5,9 @@
                    -> pinned classifier  -> class histogram   -> class_tv, low_classes
     reference split -> Extractor.features -> cached npz (mu, sigma, seeded subset + its indices, label counts)
 
-Metric names say which network produced them: ``fd_fmnist`` (the committed
-Fashion-MNIST classifier; never reported as FID), ``fid`` / ``kid``
+Metric names say which network produced them: ``fd_fmnist`` / ``kid_fmnist`` (the
+committed Fashion-MNIST classifier; never reported as FID), ``fd_fmnist_ae`` /
+``kid_fmnist_ae`` (the committed label-free Fashion-MNIST autoencoder), ``fid`` / ``kid``
 (pytorch-fid's TF-Inception port), ``fid_clean`` (clean-fid). Every row
 records the extractor and its weights' sha256, the backend, the resize, the
 number of samples and the reference split; every Frechet row its interval
@@ -55,7 +56,7 @@ __all__ = [
     "reference_stats",
 ]
 
-MetricName = Literal["fd_fmnist", "fid", "kid", "fid_clean"]
+MetricName = Literal["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid", "fid_clean"]
 # The metrics eval.metrics may name; which extractor computes each: benchmark/metrics/table.py.
 METRICS: tuple[str, ...] = table.REQUESTABLE
 
@@ -264,7 +265,8 @@ def evaluate_images(
 ) -> list[dict[str, Any]]:
     """Score uint8 samples [N, C, H, W] of `dataset` against its `reference_split`.
 
-    metrics: "auto" = ["fd_fmnist"] for fmnist, plus ["fid", "kid"] when the
+    metrics: "auto" = ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]
+    for fmnist (its two committed networks), plus ["fid", "kid"] when the
     Inception weights are found; ["fid", "kid"] for svhn / cifar10 (raises
     `MissingWeightsError` without the weights). Explicit metrics whose weights
     are missing raise before any feature is computed. Returns one dict per
@@ -334,7 +336,8 @@ def evaluate_samples(
     # Fail on missing weights before any (slow) feature work.
     needed = list(dict.fromkeys(str(table.extractor_of(m)) for m in chosen))
     given = {"inception": inception_weights, "clean": clean_weights}
-    paths = {name: find_weights(name, given[name]) for name in needed if name != "fmnist"}  # type: ignore[arg-type]
+    # third-party weights are looked up; the committed Fashion-MNIST networks are checked by get_extractor
+    paths = {name: find_weights(name, given[name]) for name in needed if name in given}  # type: ignore[arg-type]
     extractors = {name: get_extractor(name, weights=paths.get(name), device=device) for name in needed}  # type: ignore[arg-type]
 
     reference = f"{dataset}/{reference_split}"
@@ -354,7 +357,7 @@ def evaluate_samples(
                   "resize": extractor.resize, "num_samples": count, "reference": reference}
         for metric in (m for m in chosen if table.extractor_of(m) == name):
             interval = None
-            if metric == "kid":
+            if table.METRICS[metric].kind == "kid":  # in this extractor's space, against the cached reference subset
                 value, std_err = kid(
                     feats, ref["kid_features"], num_subsets=kid_subsets, subset_size=kid_subset_size, seed=0
                 )
