@@ -41,7 +41,7 @@ def make_config(config: RunConfig | None = None, **settings: Any) -> RunConfig:
 
 def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", force: bool = False,
         progress: bool = False, download: bool = False, data: Any = None, log: str | Sequence[str] = (),
-        log_group: str | None = None, **settings: Any) -> Path:
+        log_group: str | None = None, plugins: str | Sequence[str] = (), **settings: Any) -> Path:
     """Train and evaluate one run (resume or skip it when its folder exists); return the folder.
 
     ``data``: an already loaded training set (a ``dfbench.datasets.ImageSet``) to use instead of
@@ -49,10 +49,14 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
     configured dataset's reference split. ``log``: experiment trackers (``"tensorboard"``,
     ``"wandb"``, ``"mlflow"``, a list or a comma-separated string; ``--log``) writing under
     ``out``/trackers/ in the group ``log_group`` (``--log-group``, default ``"dfbench-run"``).
+    ``plugins``: modules that register methods from outside dfbench (``--plugin``), loaded first
+    with $DFBENCH_PLUGINS and the installed entry points (methods/plugins.py).
     """
     from dfbench.benchmark.engine.lifecycle import OutOfMemory, free_gpu_memory, run as run_loop
     from dfbench.benchmark.tracking import parse_trackers
+    from dfbench.methods.plugins import load_plugins
 
+    load_plugins([plugins] if isinstance(plugins, str) else plugins)  # before the config names their methods
     trackers = parse_trackers(log)  # an unknown tracker: refused before any work
     cfg = make_config(config, **settings) if (settings or config is None) else config
     if download:
@@ -69,7 +73,8 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
 def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int = 1, only: str | Sequence[str] = (),
              shard: str | tuple[int, int] | None = None, retry_failed: bool = False, force: bool = False,
              device: str | None = None, progress: bool = False, download: bool = False, data: Any = None,
-             log: str | Sequence[str] = (), log_group: str | None = None, **settings: Any) -> GridSummary:
+             log: str | Sequence[str] = (), log_group: str | None = None, plugins: str | Sequence[str] = (),
+             **settings: Any) -> GridSummary:
     """Run a grid (``dfbench grid``): its missing and unfinished cells, resumable; return the summary.
 
     ``grid``: a shipped grid's name or a path to a .toml file. ``settings``: overrides for every
@@ -81,14 +86,17 @@ def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int
     set for every cell (one worker only); ``log``: experiment trackers for every cell (``--log``),
     grouped under ``log_group`` (default: the grid's name). A bad grid, key or value, or an unknown
     tracker, raises ``ConfigError`` (a ``GridError`` lists every problem) and missing inputs
-    ``MissingInputsError``, before any work.
+    ``MissingInputsError``, before any work. ``plugins``: as in :func:`run` (``--plugin``); the other
+    workers load them too.
     """
     from dfbench.benchmark.grid.plan import parse_shard
     from dfbench.benchmark.grid.spec import load_grid
     from dfbench.benchmark.grid.workers import run_with_workers
     from dfbench.benchmark.tracking import parse_trackers
+    from dfbench.methods.plugins import load_plugins
 
     trackers = parse_trackers(log)
+    load_plugins([plugins] if isinstance(plugins, str) else plugins)
 
     extra = _dotted(settings, method_key=True) | ({"device": device} if device is not None else {})
     loaded = load_grid(grid, extra=extra)

@@ -47,7 +47,9 @@ def method_families() -> dict[str, list[str]]:
 
 def get_method_class(name: str) -> type[Method]:
     if name not in _REGISTRY:
-        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())}")
+        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())} (a method from "
+                       "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
+                       "README 'Adding a method')")
     return _REGISTRY[name]
 
 

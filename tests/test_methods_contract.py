@@ -1,6 +1,10 @@
 """One contract for every registered method (timm-style): a method is covered the moment
 it is registered. One round on tiny synthetic data must give finite parameters of the
-server state's shape, count its uplink bits, and be bitwise reproducible from the seed."""
+server state's shape, count its uplink bits, and be bitwise reproducible from the seed.
+
+Methods from outside the package are covered too: the plugins of the installed entry points
+(group "dfbench.methods") and of $DFBENCH_PLUGINS are loaded before the methods are listed, so
+`DFBENCH_PLUGINS=mypkg.methods pytest tests/test_methods_contract.py` checks a plugin's methods."""
 
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ from dfbench import methods
 from dfbench.benchmark.engine import privacy
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
+from dfbench.methods.plugins import load_plugins
 from helpers import final_params, tiny_config
+
+load_plugins()  # entry points and $DFBENCH_PLUGINS, before the parametrizations list the methods
 
 # Methods that by design send nothing during training; they must report exactly 0 uplink bits.
 # experts (DDM): experts never communicate; intra-expert averaging is reported as intra_expert_bits

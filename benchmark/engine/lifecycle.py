@@ -2,7 +2,8 @@
 
 run(cfg, out):
     lock the run folder (rank 0), decide: done / locked / run (every rank follows rank 0)
-    build the context (data, partition, model), write config.json, partition.json, status running
+    build the context (data, partition, model), write config.json (plugin.json for a method from a
+    plugin), partition.json, status running
     resume from the newest readable checkpoint, or start from the seeded initial state
     for r in rounds: train_round (training.py; with the config's mechanisms, e.g. DP: privacy.py), or the asynchronous driver's step (asynchronous.py,
         train.driver=fedbuff; its state is checkpointed too) -> rounds.jsonl row, atomic checkpoint
@@ -34,6 +35,7 @@ from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa
 from dfbench.benchmark.engine.asynchronous import make_driver
 from dfbench.benchmark.engine.training import train_round
 from dfbench.benchmark.tracking import Trackers, parse_trackers
+from dfbench.methods.plugins import method_origin
 
 
 class Diverged(RuntimeError):
@@ -143,6 +145,8 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
     if writer:
         d.mkdir(parents=True, exist_ok=True)
         runfolder.write_json(d / runfolder.CONFIG, {"run_id": cfg.run_id(), **cfg.to_dict()})
+        if (origin := method_origin(cfg.method)) is not None:  # outside the config: the run id stays
+            runfolder.write_json(d / runfolder.PLUGIN, origin)
         runfolder.write_json(d / runfolder.PARTITION, ctx.partition.to_json(ctx.labels))
         runfolder.write_json(d / runfolder.NUMERICS, {"starts": starts})
         runfolder.write_status(d, runfolder.RUNNING)

@@ -2,7 +2,7 @@
 
 `run_with_workers` checks the selected cells' inputs once (fetching them with `download`),
 starts N-1 more `dfbench grid` processes on the same grid file, overrides, selection and --out
-(quiet, without --download), then works too; the cells are shared through their run locks
+(quiet, without --download; with --plugin for each method plugin this process loaded), then works too; the cells are shared through their run locks
 (benchmark/grid/runner.py), longest estimated cost first. Cells on the unindexed "cuda" are spread
 over the visible GPUs: worker i (this process is worker 0) on cuda:(i mod GPUs), `worker_devices`.
 Unless OMP_NUM_THREADS is set, every process gets cores/N torch threads (this one included): CPU
@@ -24,6 +24,7 @@ from dfbench.benchmark.grid.plan import select_cells
 from dfbench.benchmark.grid.runner import GridSummary, run_grid
 from dfbench.benchmark.grid.spec import Grid
 from dfbench.benchmark.tracking import parse_trackers
+from dfbench.methods.plugins import child_plugin_modules
 
 
 def set_text(value: Any) -> str:
@@ -36,11 +37,13 @@ def set_text(value: Any) -> str:
 
 
 def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_failed: bool = False,
-                device: str | None = None, log: Sequence[str] = (), log_group: str | None = None) -> list[str]:
+                device: str | None = None, log: Sequence[str] = (), log_group: str | None = None,
+                plugins: Sequence[str] = ()) -> list[str]:
     """The `dfbench grid` arguments of one extra worker: the same grid file, overrides (`grid.extra`),
-    --only and --out, the trackers (--log, --log-group), quiet; never --workers, --shard, --force or
-    --download (the first process fetched). `device`: its --device instead of the grid's
-    (`worker_devices`: one GPU of several)."""
+    --only and --out, the trackers (--log, --log-group), the method plugins (--plugin, from
+    `plugins.child_plugin_modules`), quiet; never --workers, --shard, --force or --download (the
+    first process fetched). `device`: its --device instead of the grid's (`worker_devices`: one GPU
+    of several)."""
     if not Path(grid.source).is_file():
         raise ConfigError(f"grid workers read the grid from its file; {grid.source!r} is not one "
                           "(load the grid with load_grid, or run it with workers=1)")
@@ -58,6 +61,8 @@ def worker_argv(grid: Grid, out: str | Path, *, only: Sequence[str] = (), retry_
         argv += ["--log", ",".join(log)]
     if log_group is not None:
         argv += ["--log-group", log_group]
+    for module in plugins:
+        argv += ["--plugin", module]
     return argv + (["--retry-failed"] if retry_failed else []) + ["--no-progress"]
 
 
@@ -124,9 +129,11 @@ def run_with_workers(grid: Grid, out: str | Path, *, workers: int = 1, shard: tu
     from dfbench.benchmark.grid.fetch import preflight
 
     selected = select_cells(grid.cells, only=only)
+    # the workers load the plugins this process loaded (entry points they find themselves)
+    plugins = child_plugin_modules(sorted({c.cfg.method for c in selected}))
     devices = worker_devices([c.cfg.device for c in selected], workers, _gpu_count())
     argvs = [worker_command(worker_argv(grid, out, only=only, retry_failed=retry_failed, device=dev, log=log,
-                                        log_group=log_group))
+                                        log_group=log_group, plugins=plugins))
              for dev in devices[1:]]
     if devices[0] is not None:  # this process on cuda:0, as its grid file read with that --device
         from dfbench.benchmark.grid.spec import load_grid
