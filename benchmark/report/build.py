@@ -81,7 +81,15 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     for note in notes:
         logger.warning("report: %s", note)
 
+    from dfbench.benchmark.report.agreement import report_agreement
+    from dfbench.benchmark.report.layout import labels_by_key
+
+    agreement = report_agreement(data.runs, data.table, data.metrics, block_title)
+    for (dataset, partition), block in blocks(data.table):  # the page's names, kept for a re-render from the CSV
+        if (agreed := agreement.get(block_title(dataset, partition))) is not None:
+            agreed["labels"] = labels_by_key(block)
     meta = PageMeta(
+        agreement=agreement,
         n_runs=len(data.runs), n_failed=len(data.failures), hardware=list(data.hardware),
         failures=failure_rows(data.failures, root), warnings=list(data.warnings), notes=list(notes),
         provenance={block_title(d, p): metric_provenance(data.evaluations, block["group_key"]) for (d, p), block in blocks(data.table)},

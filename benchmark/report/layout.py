@@ -54,6 +54,8 @@ class PageMeta:
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)  # block title -> metric -> how computed
     runs_dir: str | None = None  # the run folders, relative to the report folder (links), when known
     target: list[Any] | None = None  # [metric, value] of --target
+    # block title -> how the other quality metrics order its settings (benchmark/report/agreement.py)
+    agreement: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": META_VERSION, **dataclasses.asdict(self)}
@@ -174,7 +176,7 @@ def _arrow(metric: str) -> str:
 
 
 SECONDARY = (  # (title, metric kinds) in page order
-    ("Sample quality beyond the ranking metric", ("frechet", "kid", "prdc", "coverage", "quality")),
+    ("Sample quality beyond the ranking metric", ("frechet", "kid", "model", "prdc", "coverage", "quality")),
     ("Per client and per expert", ("client",)),
     ("Leakage: memorization and membership inference", ("leakage",)),
 )
@@ -366,11 +368,17 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
                                       "drift: distance of the final model's samples from fedavg's on the same noise; "
                                       "γ*, W2: the bound terms of the pruning study; means over seeds."))
 
+    agreed = meta.agreement.get(block_title(dataset, partition))
+    suffix = ""
+    if agreed and agreed.get("rows"):
+        table, suffix = _agreement_table(agreed)
+        secondary.append(table)
+
     prov = meta.provenance.get(block_title(dataset, partition), {})
     name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
     return Section(
         dataset=dataset, partition=partition, title=block_title(dataset, partition), anchor=safe_name(f"{dataset}-{partition}"),
-        headline=_headline(block, primary, labels),
+        headline=_headline(block, primary, labels) + suffix,
         ranking=(f"Ranked by {primary} (rule below). " if primary else "") +
                 "Uplink vs fedavg: how many times less (or more) uplink than fedavg in this block (`*`: fedavg ran "
                 "another budget, compared per client upload).",
@@ -379,6 +387,47 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         not_computed=block_notes(block) if "evaluation_notes" in block else [],
         shared=shared, mosaic=name if name in images else None,
     )
+
+
+def labels_by_key(block: pd.DataFrame) -> dict[str, str]:
+    """group_key -> the page's name of each setting of a block (the aggregated table with its group_key)."""
+    params = hyperparameters(block)
+    varying, _ = _varying_config(block)
+    shown_cfg = [c for c in varying if c[4:] not in ALWAYS_SHOWN_CONFIG] + \
+        [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in varying]
+    labels = setting_labels(block, params, shown_cfg)
+    return {str(block.at[i, "group_key"]): labels[i] for i in block.index}
+
+
+def _agreement_table(agreed: Mapping[str, Any]) -> tuple[Table, str]:
+    """(the "Metric agreement" table, the headline's label when the ranking metric's winner is best under it alone)."""
+    name_of = {str(k): str(v) for k, v in (agreed.get("labels") or {}).items()}  # written with the runs at hand
+    primary = str(agreed["primary"])
+    rows, keys = [], []
+    for r in agreed["rows"]:
+        tau, low, high = (to_float(r.get(k)) for k in ("tau", "tau_low", "tau_high"))
+        interval = "" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]"
+        best = name_of.get(str(r.get("best")), "–") if r.get("best") is not None else "–"
+        same = {True: "yes", False: "no"}.get(r.get("agrees_on_best"), "–")
+        rows.append([str(r["metric"]), ("–" if math.isnan(tau) else f"{tau:.2f}") + interval,
+                     str(r.get("settings", "")), best, same])
+        keys.append([str(r["metric"]), None if math.isnan(tau) else tau, r.get("settings"), best, same])
+    winner = name_of.get(str(agreed.get("best")), str(agreed.get("best")))
+    holds = [r["metric"] for r in agreed["rows"] if r.get("agrees_on_best")]
+    fails = [r["metric"] for r in agreed["rows"] if r.get("agrees_on_best") is False]
+    if holds:
+        said = f"{winner}, first by {primary}, is also first by {_join(holds)}" + (f"; not by {_join(fails)}" if fails else "") + "."
+        suffix = "" if not fails else f" First place holds under {primary} and {_join(holds)}, not under {_join(fails)}."
+    else:
+        said = f"{winner} is first by {primary} only: every other quality metric puts another setting first."
+        suffix = f" This first place holds under {primary} only (see Metric agreement)."
+    note = (f"Kendall τ between each metric's and {primary}'s ordering of the settings (seed means, untrained "
+            f"baseline left out; 1 = the same order), 95% interval from resampling the seeds (paired across "
+            f"settings). {said}")
+    table = Table("Metric agreement", ["metric", f"Kendall τ vs {primary}", "settings", "first under it",
+                                       f"same first as {primary}"], rows, keys, note=note,
+                  numeric=[False, True, True, False, False])
+    return table, suffix
 
 
 def _ratio_cell(ratio: float) -> str:
