@@ -24,7 +24,8 @@ def test_entries_are_consistent():
         assert m.name == name and m.better in ("lower", "higher")
         assert m.extractor is None or m.extractor in table.EXTRACTORS, name
         assert (m.reference == "train") == (m.kind == "client"), name  # per-client rows need the clients' split
-        assert (m.reference == "own") == (m.kind == "leakage"), name  # leakage rows name their own reference
+        # leakage rows and the model's held-out loss name their own reference (the clients' images, the test split)
+        assert (m.reference == "own") == (m.kind in ("leakage", "model")), name
         assert m.requestable == (m.kind in ("frechet", "kid")), name
     # precision/recall/density/coverage in every extractor's space, better when higher, and the leakage
     # rows' nearest distances (farther from the images is better); the rest lower
