@@ -85,7 +85,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 def cmd_run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     if a.dry_run:
-        print(json.dumps({"run_id": cfg.run_id(), **cfg.to_dict()}, indent=2))
+        print(json.dumps(cfg.record(), indent=2))
         return 0
     from dfbench.benchmark.engine import distributed
     from dfbench.benchmark.core.lock import LockHeld, LockLost

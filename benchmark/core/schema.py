@@ -87,6 +87,7 @@ def declare(default: Any = _UNSET, *, default_factory: Any = _UNSET, role: Role 
 class Entry:
     key: str  # dotted: "train.lr", "seed"
     spec: FieldSpec
+    default: Any = None  # the dataclass field's default (a factory's product)
 
     @property
     def section(self) -> str:
@@ -117,10 +118,16 @@ def entries(root: type, sections: Mapping[str, type]) -> list[Entry]:
     out: list[Entry] = []
     for f in dataclasses.fields(root):
         if f.name in sections:
-            out += [Entry(f"{f.name}.{g.name}", spec_of(g)) for g in dataclasses.fields(sections[f.name])]
+            out += [Entry(f"{f.name}.{g.name}", spec_of(g), _default(g)) for g in dataclasses.fields(sections[f.name])]
         else:
-            out.append(Entry(f.name, spec_of(f)))
+            out.append(Entry(f.name, spec_of(f), _default(f)))
     return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def getter(obj: Any) -> Getter:
@@ -131,6 +138,20 @@ def getter(obj: Any) -> Getter:
             v = v.get(part) if isinstance(v, Mapping) else getattr(v, part)
         return v
     return get
+
+
+def stored(schema: list[Entry], config: Mapping[str, Any]) -> Getter:
+    """A getter over a stored config.json (nested sections): a field the file lacks ran with its neutral
+    value (a field added after the file was written) or its declared default."""
+    fallback = {e.key: e.spec.neutral if e.spec.later else e.default for e in schema}
+
+    def read(key: str) -> Any:
+        head, _, leaf = key.rpartition(".")
+        section = config.get(head) if head else config
+        if isinstance(section, Mapping) and leaf in section:
+            return section[leaf]
+        return fallback.get(key)
+    return read
 
 
 def _items(schema: list[Entry], get: Getter, *, seeds: bool) -> Iterator[tuple[Entry, Any]]:
@@ -149,9 +170,9 @@ def _items(schema: list[Entry], get: Getter, *, seeds: bool) -> Iterator[tuple[E
 
 def identity(schema: list[Entry], cfg: Any, *, seeds: bool = True) -> dict[str, Any]:
     """The nested dict a run id hashes: result fields only, active, canonical, later fields at their
-    neutral value left out, a section with nothing left left out. `seeds=False`: the setting's
-    identity (what its seeds share)."""
-    get = getter(cfg)
+    neutral value left out, a section with nothing left left out. `cfg`: a config object, or a Getter
+    (`stored` reads a config.json). `seeds=False`: the setting's identity (what its seeds share)."""
+    get = cfg if callable(cfg) else getter(cfg)
     out: dict[str, Any] = {}
     for e, value in _items(schema, get, seeds=seeds):
         if isinstance(value, Mapping):

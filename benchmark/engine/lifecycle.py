@@ -144,7 +144,7 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
 
     if writer:
         d.mkdir(parents=True, exist_ok=True)
-        runfolder.write_json(d / runfolder.CONFIG, {"run_id": cfg.run_id(), **cfg.to_dict()})
+        runfolder.write_json(d / runfolder.CONFIG, cfg.record())  # with the schema version, outside the id
         if (origin := method_origin(cfg.method)) is not None:  # outside the config: the run id stays
             runfolder.write_json(d / runfolder.PLUGIN, origin)
         runfolder.write_json(d / runfolder.PARTITION, ctx.partition.to_json(ctx.labels))

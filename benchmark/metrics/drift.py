@@ -28,14 +28,23 @@ from typing import Any, Iterable
 import numpy as np
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import NON_RESULT_KEYS
+from dfbench.benchmark.core import schema
+from dfbench.benchmark.core.config import experiment_schema
 from dfbench.benchmark.metrics import table
 
 # Dotted config keys that may differ between a run and its reference: what is compared (the method,
-# its capacity tiers, how much it evaluated: the first min(N) samples pair up), config.json's own
-# bookkeeping (run_id, version), and what never changes a result (core.config.NON_RESULT_KEYS).
+# its capacity tiers, how much it evaluated: the first min(N) samples pair up). Beside them, config.json's
+# bookkeeping and every field the schema declares execution-only never count (`_budget` keeps the result
+# fields only, as the run id does: core/schema.py).
 _COMPARED = ("method", "method_params", "system.capacity", "eval.samples", "eval.grid", "eval.metrics")
-_FREE = frozenset((*_COMPARED, "run_id", "version", *NON_RESULT_KEYS))
+
+
+def free_keys() -> frozenset[str]:
+    """Every dotted key that may differ between a run and its reference (derived from the schema)."""
+    return frozenset((*_COMPARED, *schema.BOOKKEEPING, *schema.execution_keys(experiment_schema())))
+
+
+_FREE = free_keys()  # as the schema is now (derived, for readers of the old name)
 
 
 def pixel_drift(a: np.ndarray, b: np.ndarray) -> float:
@@ -68,13 +77,11 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _budget(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config without what may differ between a run and its reference (`_FREE`)."""
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        if key in _FREE:
-            continue
-        out[key] = {k: v for k, v in value.items() if f"{key}.{k}" not in _FREE} if isinstance(value, dict) else value
-    return out
+    """What a run and its reference must share: the run id's identity of the stored config (result fields
+    only, active, canonical, a later field missing or at its neutral value left out: `schema.identity`)
+    without what is compared (`_COMPARED`)."""
+    entries = [e for e in experiment_schema() if e.key not in _COMPARED]
+    return schema.identity(entries, schema.stored(entries, cfg))
 
 
 def _is_dense(cfg: dict[str, Any], family: str) -> bool:

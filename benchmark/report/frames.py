@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import LATER_FIELDS, DataConfig, EvalConfig, PrivacyConfig, SystemConfig, TrainConfig
+from dfbench.benchmark.core import schema
+from dfbench.benchmark.core.config import SECTIONS, experiment_schema
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
@@ -38,30 +40,79 @@ from dfbench.benchmark.report.run_folders import (
 # Ranking metric per dataset/partition block: the first one present wins (benchmark/metrics/table.py).
 PRIMARY_METRICS: tuple[str, ...] = metric_table.PRIMARY
 
-# Config keys that identify a single run or its bookkeeping rather than the
-# experiment; everything else in config.json is part of the group key, so runs
-# that differ only in these are seeds of one setting.
-NOT_GROUPED: frozenset[str] = frozenset(
-    {"seed", "run_id", "version", "device", "root", "checkpoint_every", "out_dir", "output_dir", "runs_dir",
-     "data_dir", "resume", "notes",
-     "inference_variants",  # eval.inference_variants: whether the other sampling rules were scored too (not the result)
-     "sample_batch", "feature_batch",  # evaluation's memory knobs (eval.*)
-     "deterministic"}  # CUDA numerics (train.deterministic): beside `device`, which is not grouped either
-)
-# Config fields added after runs were published, at the value that reproduces the runs made before
-# them (config.LATER_FIELDS): a run folder without the key and one with it at that value are the
-# same setting, so the group key leaves it out.
-LATER_NEUTRAL: dict[str, Any] = {key.rpartition(".")[2]: value for key, value in LATER_FIELDS.items()}
+# Keys of hand-written or foreign config.json files that are no RunConfig field: bookkeeping, never grouped.
+FOREIGN_BOOKKEEPING: frozenset[str] = frozenset({"out_dir", "output_dir", "runs_dir", "data_dir", "resume", "notes"})
+
+
+def not_grouped() -> frozenset[str]:
+    """Config keys (as `normalize_config` names them) that identify a single run or its bookkeeping rather
+    than the experiment, derived from the schema (core/schema.py): the seed, config.json's bookkeeping and
+    every execution-only field. Everything else in config.json is part of the group key, so runs that differ
+    only in these are seeds of one setting."""
+    names = {e.name for e in experiment_schema() if e.spec.role == "execution" or e.spec.seed}
+    return frozenset(names | set(schema.BOOKKEEPING) | FOREIGN_BOOKKEEPING)
+
+
+def later_neutral() -> dict[str, Any]:
+    """Leaf name -> neutral value of the fields added after runs were published (the schema's later
+    fields): a run folder without the key and one with it at that value are the same setting, so the
+    group key leaves it out."""
+    return {key.rpartition(".")[2]: value for key, value in schema.later_fields(experiment_schema()).items()}
+
+
+# The two as they are now (derived, read-only; `runs_frame` asks the functions, so a declared field counts at once).
+NOT_GROUPED: frozenset[str] = not_grouped()
+LATER_NEUTRAL: Mapping[str, Any] = types.MappingProxyType(later_neutral())
+
+
+def _flat_key(cfg: Mapping[str, Any], dotted: str) -> str:
+    """The key `normalize_config` gives a dotted field in this run's flat config: its leaf name, or the
+    dotted name where two sections share the leaf."""
+    return dotted if dotted in cfg else dotted.rpartition(".")[2]
+
+
+def _flat_getter(cfg: Mapping[str, Any], entries: Sequence[schema.Entry]) -> schema.Getter:
+    """`schema.Getter` over a flat stored config: a field the run did not record ran with its neutral
+    value (a later field) or its default."""
+    fallback = {e.key: (e.spec.neutral if e.spec.later else e.default) for e in entries}
+
+    def get(dotted: str) -> Any:
+        key = _flat_key(cfg, dotted)
+        return cfg[key] if key in cfg else fallback.get(dotted)
+    return get
+
+
+def grouped_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run's flat config says about its setting: everything but `not_grouped()`, the fields the
+    schema declares inactive for this run (the driver's knobs in synchronous rounds, ...), and later fields at
+    their neutral value; a field with a canonical form (train.time_sampling=auto) as the run id hashes it."""
+    entries = experiment_schema()
+    get = _flat_getter(cfg, entries)
+    skip, canonical = set(not_grouped()), {}
+    for e in entries:
+        if e.spec.role != "result":
+            continue
+        key = _flat_key(cfg, e.key)
+        if e.spec.active is not None and not e.spec.active(get):
+            skip.add(key)
+        elif e.spec.canonical is not None and key in cfg:
+            canonical[key] = e.spec.canonical(get)
+    neutral = later_neutral()
+    out = {}
+    for k, v in cfg.items():
+        v = canonical.get(k, v)
+        if k not in skip and not (k in neutral and v == neutral[k]):
+            out[k] = v
+    return out
+
+
 # Keys that say *what* is compared inside a block rather than under which budget.
 METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "method_params"})
 
 
 def _config_defaults() -> dict[str, Any]:
     """Leaf name -> default of the config sections (as normalize_config names a run's keys)."""
-    sections = {name: dataclasses.asdict(cls()) for name, cls in
-                (("data", DataConfig), ("train", TrainConfig), ("system", SystemConfig), ("eval", EvalConfig),
-                 ("privacy", PrivacyConfig))}
-    return normalize_config(sections)
+    return normalize_config({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()})
 
 
 CONFIG_DEFAULTS: dict[str, Any] = _config_defaults()
@@ -101,13 +152,13 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
     run_rows: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
+    hidden, neutral = METHOD_KEYS | not_grouped(), later_neutral()
     for rec in records:
         cfg = rec.config
         params = cfg.get("method_params") or {}
         if not isinstance(params, dict):
             params = {"value": params}
-        grouped = {k: v for k, v in cfg.items()
-                   if k not in NOT_GROUPED and not (k in LATER_NEUTRAL and v == LATER_NEUTRAL[k])}
+        grouped = grouped_config(cfg)
         budget = {k: v for k, v in grouped.items() if k not in METHOD_KEYS}
         config_rounds = to_float(cfg.get("rounds", rec.metrics.get("rounds")))
         baseline = config_rounds == 0
@@ -160,8 +211,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         }
         for key, value in params.items():
             row[f"param.{key}"] = cell_value(value)
-        for key, value in flatten_config({k: v for k, v in cfg.items() if k not in METHOD_KEYS | NOT_GROUPED}).items():
-            if not (key in LATER_NEUTRAL and value == LATER_NEUTRAL[key]):  # a later field at its neutral value: as before it
+        for key, value in flatten_config({k: v for k, v in cfg.items() if k not in hidden}).items():
+            if not (key in neutral and value == neutral[key]):  # a later field at its neutral value: as before it
                 row[f"cfg.{key}"] = value
         run_rows.append(row)
         result = [e for e in metrics.get("evaluations", []) if not is_variant(e)]
@@ -198,9 +249,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
                 }
             )
     runs = pd.DataFrame(run_rows)
-    for key, neutral in LATER_NEUTRAL.items():  # runs without a later field ran with its neutral value
+    for key, value in neutral.items():  # runs without a later field ran with its neutral value
         if f"cfg.{key}" in runs:
-            runs[f"cfg.{key}"] = runs[f"cfg.{key}"].astype(object).where(runs[f"cfg.{key}"].notna(), neutral)
+            runs[f"cfg.{key}"] = runs[f"cfg.{key}"].astype(object).where(runs[f"cfg.{key}"].notna(), value)
     evals = pd.DataFrame(
         eval_rows, columns=["run_id", "group_key", "metric", "value", "std_err", "ci_low", "ci_high", "ci_method", "better",
                             "extractor", "extractor_sha256",
