@@ -126,6 +126,17 @@ def test_each_source_loads_and_loading_again_is_a_no_op(site, monkeypatch):
     assert plugins.child_plugin_modules(["plug_prox", "plug_halfstep", "fedavg"]) == ["dfb_plug_b"]
 
 
+def test_a_method_defined_in_main_is_refused_for_workers(site):
+    from dataclasses import make_dataclass
+
+    from dfbench.methods.fedavg import FedAvg
+
+    cls = type("Scripted", (FedAvg,), {"__module__": "__main__", "Config": make_dataclass("Config", [], frozen=True)})
+    registry.register_method("plug_scripted")(cls)
+    with pytest.raises(plugins.ConfigError, match="'plug_scripted' is defined in __main__.*Move it into a module"):
+        plugins.child_plugin_modules(["plug_scripted"])
+
+
 def test_a_module_imported_by_the_caller_goes_to_the_workers(site):
     import dfb_plug_b  # noqa: F401  (a notebook's import, no --plugin)
 
