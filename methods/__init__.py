@@ -1,7 +1,8 @@
 """The method registry. Each method module is imported here so its decorator runs.
 
 Adding a method: write methods/<name>.py with a `Method` subclass decorated by
-`@register_method("<name>")`, then add its import below.
+`@register_method("<name>")`, then add its import below. A method in another package is a
+plugin instead (methods/plugins.py: an entry point, --plugin or DFBENCH_PLUGINS).
 """
 
 from .base import ClientPlan, LocalStep, Mechanism, Method, ServerState, Upload, masked_weighted_mean
