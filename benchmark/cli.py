@@ -186,6 +186,9 @@ def cmd_methods(a: argparse.Namespace) -> int:
         print(f"{name}: {doc}")
         for hp, typ, default in methods.method_help(name):
             print(f"    method.{hp} ({typ}, default {default!r})")
+        caps = cls.capabilities  # what it cannot do (methods.Capabilities), refused before any data is loaded
+        if caps.refused():
+            print(f"    cannot: {', '.join(caps.refused())}" + (f" ({caps.needs})" if caps.needs else ""))
     return 0
 
 

@@ -5,7 +5,8 @@ Adding a method: write methods/<name>.py with a `Method` subclass decorated by
 plugin instead (methods/plugins.py: an entry point, --plugin or DFBENCH_PLUGINS).
 """
 
-from .base import ClientPlan, LocalStep, Mechanism, Method, ServerState, Upload, masked_weighted_mean
+from .base import (Capabilities, ClientPlan, LocalStep, Mechanism, Method, SampleVariants, ServerState, Upload,
+                   masked_weighted_mean)
 from .registry import (create_method, get_method_class, list_methods, method_config, method_families, method_help,
                        register_method)
 
@@ -23,7 +24,8 @@ from . import qsgd  # noqa: F401,E402
 from . import powersgd  # noqa: F401,E402
 
 __all__ = [
-    "ClientPlan", "LocalStep", "Mechanism", "Method", "ServerState", "Upload", "masked_weighted_mean",
+    "Capabilities", "ClientPlan", "LocalStep", "Mechanism", "Method", "SampleVariants", "ServerState", "Upload",
+    "masked_weighted_mean",
     "create_method", "get_method_class", "list_methods", "method_config", "method_families", "method_help",
     "register_method",
 ]

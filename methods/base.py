@@ -13,8 +13,9 @@ Round r, as the round (benchmark/engine/training.py) sees a method (every hook h
 
 What a method may ask of the shared local step is a `LocalStep` (mask, proximal term,
 objective, the network to train, a step correction): typed fields with a general meaning,
-never a method's name. What a method cannot do is declared, not discovered mid-run:
-`batched_clients` / `several_ranks` / `midway_sampling` / `asynchronous` and `check(config, run, world)`, which config validation
+never a method's name. What a method cannot do is declared, not discovered mid-run: one
+`capabilities = Capabilities(...)` value (batched_clients, several_ranks, midway_sampling,
+asynchronous, mean_aggregation, needs) and `check(config, run, world)`, which config validation
 calls for every RunConfig (`dfbench run`, the API, every cell of `dfbench grid --dry-run`)
 and the run's life cycle calls again with the real world size, before any data is loaded.
 What evaluation needs from a method are hooks too: `client_groups` (client -> group, e.g.
@@ -33,7 +34,7 @@ protocol instead of leaking into the round):
     (``extra[key][client]``). ``state.extra`` is checkpointed with the parameters and
     restored bitwise on resume, so memory survives the rounds a client sits out (partial
     participation) and a restart. Clients move between ranks from round to round, so a
-    method with per-client state declares ``several_ranks = False``.
+    method with per-client state declares ``Capabilities(several_ranks=False)``.
 (b) Updates from an older global model (asynchronous drivers, e.g. FedBuff): a driver
     calls the same `client_view` / `upload` / `accumulate` / `apply` hooks; it records the
     server version the client started from in `ClientPlan.version` and sets
@@ -46,11 +47,13 @@ protocol instead of leaking into the round):
     sees the all-reduced sums and the server state before `apply` and returns fields for the
     round's row -- so no method knows about it. The round runs the mechanisms it is given, in
     order. A mechanism that rewrites FedAvg's sums (wsum, wcov, wtotal) runs only with methods
-    that declare `mean_aggregation`.
+    whose capabilities include `mean_aggregation`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
@@ -190,6 +193,51 @@ def masked_weighted_mean(
     raise ValueError(f"unknown aggregation {mode!r}; allowed: covered, zero_fill")
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method can do, declared as one value (``Method.capabilities``) and enforced by
+    `Method.check` before any data is loaded. Every field defaults to what FedAvg can do."""
+
+    #: Can its clients train in lockstep (train.clients_mode=batched)? No when its LocalStep
+    #: sets a network or a step correction, which the vmapped step does not run.
+    batched_clients: bool = True
+    #: May its clients be spread over several torch.distributed ranks? No when it keeps
+    #: per-client state across rounds (clients move between ranks from round to round).
+    several_ranks: bool = True
+    #: Can the global model be sampled between rounds (eval.every, the quality curve)? No when
+    #: sampling needs what `finalize` builds after the last round (an expert mixture's router).
+    midway_sampling: bool = True
+    #: Can it run under the asynchronous driver (train.driver=fedbuff), whose updates come from
+    #: older global models and are rebased onto the current one? No when its aggregation
+    #: assumes one synchronous round (control variates) or its upload carries extra fields.
+    asynchronous: bool = True
+    #: Is its server step a function of FedAvg's sums of the decoded client models alone (wsum,
+    #: wcov, wtotal: the default `accumulate`), with the clients' data reaching the model through
+    #: nothing else? Differential privacy (privacy.clip > 0) clips and noises exactly those sums;
+    #: no when the method reads more (control variates, sign votes, a router trained on client data).
+    mean_aggregation: bool = True
+    #: What the method does that a missing capability cannot (the refusal says it), e.g.
+    #: "corrects every local step by a control variate".
+    needs: str = ""
+
+    def refused(self) -> list[str]:
+        """The names of the capabilities it lacks (the flags that are False), in field order."""
+        return [f.name for f in dataclasses.fields(self) if f.type in (bool, "bool") and getattr(self, f.name) is False]
+
+
+CAPABILITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Capabilities))
+
+
+class _Declared:
+    """The old one-attribute spelling of a capability, read from the class's `capabilities`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        return getattr(owner.capabilities, self.name)
+
+
 class Method:
     """Base class: FedAvg behaviour. Subclasses override only what differs."""
 
@@ -206,27 +254,36 @@ class Method:
     aggregation: str = "covered"
 
     # -- capabilities (declared; refused before any data is loaded) -------------------------
-    #: Can its clients train in lockstep (train.clients_mode=batched)? No when its LocalStep
-    #: sets a network or a step correction, which the vmapped step does not run.
-    batched_clients: ClassVar[bool] = True
-    #: May its clients be spread over several torch.distributed ranks? No when it keeps
-    #: per-client state across rounds (clients move between ranks from round to round).
-    several_ranks: ClassVar[bool] = True
-    #: Can the global model be sampled between rounds (eval.every, the quality curve)? No when
-    #: sampling needs what `finalize` builds after the last round (an expert mixture's router).
-    midway_sampling: ClassVar[bool] = True
-    #: Can it run under the asynchronous driver (train.driver=fedbuff), whose updates come from
-    #: older global models and are rebased onto the current one? No when its aggregation
-    #: assumes one synchronous round (control variates) or its upload carries extra fields.
-    asynchronous: ClassVar[bool] = True
-    #: Is its server step a function of FedAvg's sums of the decoded client models alone (wsum,
-    #: wcov, wtotal: the default `accumulate`), with the clients' data reaching the model through
-    #: nothing else? Differential privacy (privacy.clip > 0) clips and noises exactly those sums;
-    #: no when the method reads more (control variates, sign votes, a router trained on client data).
-    mean_aggregation: ClassVar[bool] = True
-    #: What the method does that a missing capability cannot (the refusal says it), e.g.
-    #: "corrects every local step by a control variate".
-    needs: ClassVar[str] = ""
+    #: What the method can and cannot do, as ONE value (see `Capabilities`); a subclass declares
+    #: its own whole value (``capabilities = Capabilities(several_ranks=False, needs="...")``), or
+    #: derives it from its parent's (``dataclasses.replace(Parent.capabilities, ...)``).
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    # The old spelling, one attribute per capability, read for one more release (derived from
+    # `capabilities`); a class that still sets them is folded into `capabilities` with a warning.
+    batched_clients: ClassVar[bool] = _Declared("batched_clients")  # type: ignore[assignment]
+    several_ranks: ClassVar[bool] = _Declared("several_ranks")  # type: ignore[assignment]
+    midway_sampling: ClassVar[bool] = _Declared("midway_sampling")  # type: ignore[assignment]
+    asynchronous: ClassVar[bool] = _Declared("asynchronous")  # type: ignore[assignment]
+    mean_aggregation: ClassVar[bool] = _Declared("mean_aggregation")  # type: ignore[assignment]
+    needs: ClassVar[str] = _Declared("needs")  # type: ignore[assignment]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("capabilities")
+        if own is not None and not isinstance(own, Capabilities):
+            raise TypeError(f"{cls.__qualname__}.capabilities must be a methods.Capabilities, not {type(own).__name__}")
+        old = {name: cls.__dict__[name] for name in CAPABILITY_FIELDS
+               if name in cls.__dict__ and not isinstance(cls.__dict__[name], _Declared)}
+        if not old:
+            return
+        for name in old:  # the alias reads the folded value from now on
+            delattr(cls, name)
+        cls.capabilities = dataclasses.replace(cls.capabilities, **old)  # own, or inherited through the MRO
+        spelled = ", ".join(f"{k}={v!r}" for k, v in old.items())
+        warnings.warn(f"{cls.__qualname__} declares {', '.join(old)} as class attributes; declare them as one value "
+                      f"instead: capabilities = Capabilities({spelled}) (from dfbench.methods import Capabilities). "
+                      "The old spelling is read for one more release.", DeprecationWarning, stacklevel=2)
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -240,21 +297,22 @@ class Method:
         The default enforces the declared capabilities; a method whose support depends on its
         hyperparameters overrides this (and calls super).
         """
-        why = f" ({cls.needs})" if cls.needs else ""
-        if run.train.clients_mode == "batched" and not cls.batched_clients:
+        can = cls.capabilities
+        why = f" ({can.needs})" if can.needs else ""
+        if run.train.clients_mode == "batched" and not can.batched_clients:
             raise ValueError(f"method {cls.name!r} cannot run with train.clients_mode=batched{why}; "
                              "use --set train.clients_mode=sequential")
-        if run.train.driver != "sync" and not cls.asynchronous:
+        if run.train.driver != "sync" and not can.asynchronous:
             raise ValueError(f"method {cls.name!r} cannot run with train.driver={run.train.driver}{why}; "
                              "use --set train.driver=sync")
-        if run.eval.every and not cls.midway_sampling:
+        if run.eval.every and not can.midway_sampling:
             raise ValueError(f"method {cls.name!r} cannot draw a quality curve (eval.every={run.eval.every}): its model "
                              f"is sampled only after the last round{why}; use --set eval.every=0")
-        if run.privacy.clip > 0 and not cls.mean_aggregation:
+        if run.privacy.clip > 0 and not can.mean_aggregation:
             raise ValueError(f"method {cls.name!r} cannot run with differential privacy (privacy.clip={run.privacy.clip:g}): DP "
                              f"clips and noises FedAvg's weighted mean of the client models, and this method's server "
                              f"reads more than that{why}; use --set privacy.clip=0, or a method such as fedavg")
-        if world > 1 and not cls.several_ranks:
+        if world > 1 and not can.several_ranks:
             raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}){why}; "
                              "run it without torchrun")
 

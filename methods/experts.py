@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from dfbench import datasets
-from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
+from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 from .router import Router, RouterData, init_router_, mixing_weights, router_accuracy, train_router
 
@@ -113,10 +113,11 @@ def assign_experts(num_experts: int, partition_spec: str, cluster_of_client: np.
 class Experts(Method):
     """K isolated experts (one per data cluster), a router trained after training, mixing in velocity space."""
 
-    midway_sampling = False  # the mixture samples through the router, which finalize() trains after the last round
-    mean_aggregation = False  # its router is trained on the clients' data after the last round, outside any sum
-    asynchronous = False  # not built: per-expert groups under stale updates
-    needs = "trains isolated experts per cluster and samples through a router trained after the last round"
+    capabilities = Capabilities(
+        midway_sampling=False,  # the mixture samples through the router, which finalize() trains after the last round
+        mean_aggregation=False,  # its router is trained on the clients' data after the last round, outside any sum
+        asynchronous=False,  # not built: per-expert groups under stale updates
+        needs="trains isolated experts per cluster and samples through a router trained after the last round")
 
     @dataclass(frozen=True)
     class Config:

@@ -64,7 +64,7 @@ from torch.func import functional_call
 
 from dfbench.benchmark.core.parsing import parse_capacity
 
-from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, ServerState, Upload
+from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubMo
 class HeteroFL(Method):
     """Each client trains the leading channels of every layer: a real narrower UNet."""
 
-    needs = "it trains narrower networks, and the vmapped step runs the full model"
+    capabilities = Capabilities(needs="it trains narrower networks, and the vmapped step runs the full model")
 
     @dataclass(frozen=True)
     class Config:
@@ -260,7 +260,7 @@ class HeteroFL(Method):
         tiers = parse_capacity(run.system.capacity)
         narrowest = min(k for k, _ in tiers) if tiers else config.rate
         if run.train.clients_mode == "batched" and narrowest < 1.0:
-            raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.needs}; narrowest "
+            raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
                              f"rate {narrowest:g}); use --set train.clients_mode=sequential")
 
     def submodel(self, rate: float, ctx: "RunContext") -> SubModelInfo:

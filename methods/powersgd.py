@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 
-from .base import FLOAT_BITS, ClientPlan, ServerState, Upload
+from .base import FLOAT_BITS, Capabilities, ClientPlan, ServerState, Upload
 from .compression import CompressedUpdate, check_common, fail
 from .registry import register_method
 
@@ -132,8 +132,8 @@ def power_step(M: torch.Tensor, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 class PowerSGD(CompressedUpdate):
     """FedAvg with rank-r PowerSGD uplink updates (warm-started Q per client), error feedback on by default."""
 
-    several_ranks = False  # Q is per-client memory (always), clients move between ranks
-    needs = "it keeps each client's warm-start Q across rounds"
+    capabilities = Capabilities(several_ranks=False,  # Q is per-client memory (always), clients move between ranks
+                                needs="it keeps each client's warm-start Q across rounds")
 
     @dataclass(frozen=True)
     class Config:

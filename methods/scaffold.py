@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import FLOAT_BITS, ClientPlan, Method, ServerState, Upload, masked_weighted_mean
+from .base import FLOAT_BITS, Capabilities, ClientPlan, Method, ServerState, Upload, masked_weighted_mean
 from .registry import register_method
 
 if TYPE_CHECKING:
@@ -64,11 +64,12 @@ class ScaffoldUpload(Upload):
 class Scaffold(Method):
     """Drift-corrected local steps with server and per-client control variates (option II)."""
 
-    batched_clients = False
-    several_ranks = False
-    mean_aggregation = False  # its upload also carries the control-variate change delta_c
-    asynchronous = False  # c and c_i are one synchronous round's averages; its upload carries delta_c
-    needs = "it corrects every local step by c - c_i and keeps each client's control variate c_i across rounds"
+    capabilities = Capabilities(
+        batched_clients=False,  # its LocalStep carries a step correction
+        several_ranks=False,  # c_i is per-client memory
+        mean_aggregation=False,  # its upload also carries the control-variate change delta_c
+        asynchronous=False,  # c and c_i are one synchronous round's averages; its upload carries delta_c
+        needs="it corrects every local step by c - c_i and keeps each client's control variate c_i across rounds")
 
     @dataclass(frozen=True)
     class Config:

@@ -75,7 +75,7 @@ def test_batched_clients_are_refused_up_front_or_run(tmp_path, tiny_data, name):
         assert "train.clients_mode=batched" in str(err) and "sequential" in str(err)
         cls = methods.get_method_class(name)
         # refused by the declaration, or by a check of its own (e.g. heterofl: only narrow widths)
-        assert not cls.batched_clients or any("check" in vars(c) for c in cls.__mro__ if c is not methods.Method)
+        assert not cls.capabilities.batched_clients or any("check" in vars(c) for c in cls.__mro__ if c is not methods.Method)
         return
     d = run(cfg, tmp_path, data=tiny_data, progress=False)
     assert json.loads((d / "status.json").read_text())["state"] == "done"
@@ -93,9 +93,9 @@ def test_differential_privacy_is_refused_up_front_or_clips_every_update(tiny_dat
         cfg = tiny_config(name, over={"privacy.clip": 1e-3, "privacy.noise": 0.5})
     except ConfigError as err:
         assert "differential privacy" in str(err)
-        assert not methods.get_method_class(name).mean_aggregation
+        assert not methods.get_method_class(name).capabilities.mean_aggregation
         return
-    assert methods.get_method_class(name).mean_aggregation
+    assert methods.get_method_class(name).capabilities.mean_aggregation
     ctx = build_context(cfg, data=tiny_data)
     ctx.mechanisms = privacy.mechanisms(cfg, ctx)
     method = methods.create_method(name)

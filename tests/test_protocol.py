@@ -27,9 +27,7 @@ from helpers import final_params, tiny_config
 class _Memory(methods.Method):
     """FedAvg whose clients keep a memory across rounds: how often they took part, and their last update."""
 
-    batched_clients = False
-    several_ranks = False
-    needs = "it keeps a memory per client"
+    capabilities = methods.Capabilities(batched_clients=False, several_ranks=False, needs="it keeps a memory per client")
 
     @dataclass(frozen=True)
     class Config:

@@ -35,7 +35,7 @@ model, so a run killed mid-flight resumes bitwise.
 
 Not supported (refused before any work): several ranks, train.clients_mode=batched, partial
 participation and dropout (C picks who trains), a round deadline (nothing waits for a round),
-and methods that declare `asynchronous = False` (SCAFFOLD: its control variates are one
+and methods that declare `Capabilities(asynchronous=False)` (SCAFFOLD: its control variates are one
 synchronous round's; experts: per-expert routers trained after the last round).
 """
 
@@ -136,7 +136,7 @@ class FedBuff:
         up = self.method.upload(res.params, plan, client, state, ctx)
         if type(up) is not methods.Upload:  # its extra fields would not survive the checkpoint
             raise TypeError(f"method {self.method.name!r} uploads a {type(up).__name__}, which the asynchronous driver "
-                            "cannot checkpoint; the method should declare asynchronous = False")
+                            "cannot checkpoint; the method should declare capabilities = Capabilities(asynchronous=False)")
         clock = ctx.clock
         seconds = clock.with_upload(clock.before_upload(client, steps, cfg.train.batch_size, float(plan.flop_fraction), plan.downlink_bits),
                                     up.uplink_bits)

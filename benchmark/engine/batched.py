@@ -195,13 +195,13 @@ def train_clients(ctx: "RunContext", plans: dict[int, "ClientPlan"], r: int, set
 
     Each client's result equals `local_step.local_train` with the same plan and generator.
     A plan whose LocalStep cannot run in lockstep (a network of its own, a step correction)
-    is refused: the method should have declared `batched_clients = False` (methods/base.py).
+    is refused: the method should have declared `Capabilities(batched_clients=False)` (methods/base.py).
     """
     refused = sorted(k for k, p in plans.items() if not p.step.lockstep)
     if refused:
         raise ValueError(f"method {ctx.cfg.method!r} gave client(s) {refused} a local step with its own network or a step "
                          "correction, which train.clients_mode=batched does not run; the method should declare "
-                         "batched_clients = False. Use --set train.clients_mode=sequential")
+                         "capabilities = Capabilities(batched_clients=False). Use --set train.clients_mode=sequential")
     clients = list(plans)
     steps = [int(ctx.local_steps[k]) for k in clients]
     groups = lockstep_groups(clients, steps, [plans[k].step.objective for k in clients], ctx.cfg.train.client_batch)
