@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.report.frontier import claim_table, frontier_table, pareto_mask, short_labels
+from dfbench.benchmark.report.frontier import claim_table, frontier_table, pareto_mask
 
 
 def test_pareto_mask_by_hand():
@@ -70,14 +70,19 @@ def test_claim_fails_and_dominated_point():
     assert not bool(t.set_index("setting").loc["powersgd [rank=1]", "pareto"])
 
 
-def test_no_reference_block_is_skipped_and_labels_name_what_varies():
+def test_no_reference_block_is_skipped_and_names_are_the_pages():
     rows = [{"method": "qsgd", "setting": "qsgd [levels=7]", "seed": 0, "uplink_mb": 4.0, "fd": 1.0}]
     assert frontier_table(_runs(rows), "fd").empty
-    table = pd.DataFrame({"method": ["topk_update"] * 3 + ["fedavg"],
-                          "setting": ["topk_update [error_feedback=True, fraction=0.09, scope=layer]",
-                                      "topk_update [error_feedback=True, fraction=0.022, scope=layer]",
-                                      "topk_update [error_feedback=False, fraction=0.022, scope=layer]", "fedavg"]})
-    labels = short_labels(table)
-    assert labels[table["setting"][0]] == "fraction=0.09"
-    assert labels[table["setting"][2]] == "no EF, fraction=0.022"
-    assert labels["fedavg"] == ""
+    # the points are named by the one naming function (names.setting_names): the hyperparameters off
+    # the method's defaults and those that vary between its settings
+    rows = []
+    for seed in range(2):
+        rows += [{"method": "fedavg", "setting": "fedavg", "seed": seed, "uplink_mb": 32.0, "fd": 100.0}]
+        for ef, fraction in ((True, 0.09), (True, 0.022), (False, 0.022)):
+            rows.append({"method": "topk_update", "setting": f"topk_update [error_feedback={ef}, fraction={fraction}, scope=layer]",
+                         "param.error_feedback": ef, "param.fraction": fraction, "param.scope": "layer", "seed": seed,
+                         "uplink_mb": 32.0 * fraction, "fd": 100.0 + fraction})
+    names = dict(zip(*frontier_table(_runs(rows), "fd")[["setting", "name"]].to_numpy().T))
+    assert names["fedavg"] == "fedavg"
+    assert names["topk_update [error_feedback=True, fraction=0.09, scope=layer]"] == "topk_update (error_feedback=True, fraction=0.09)"
+    assert names["topk_update [error_feedback=False, fraction=0.022, scope=layer]"] == "topk_update (error_feedback=False, fraction=0.022)"

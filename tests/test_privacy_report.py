@@ -21,6 +21,7 @@ def _runs() -> pd.DataFrame:
             rows.append({"run_id": f"{name}{seed}", "dataset": "fmnist", "partition": "iid",
                          "setting": "quantized [bits=4]" if name == "quantized" else "fedavg",
                          "method": "quantized" if name == "quantized" else "fedavg", "baseline": False, "seed": seed,
+                         "param.bits": 4 if name == "quantized" else math.nan,
                          "cfg.clip": 0.5 if name == "dp" else 0.0, "cfg.noise": 1.0 if name == "dp" else 0.0,
                          "cfg.rounds": 10, "epsilon": 19.0 if name == "dp" else math.nan,
                          "fd_fmnist": fd[name][seed], "copy_rate_pixel": copy[name][seed],
@@ -34,8 +35,9 @@ def _runs() -> pd.DataFrame:
 def test_rows_are_means_with_t_intervals_and_seed_paired_differences(tmp_path):
     # execute
     table = privacy_table(_runs(), "fd_fmnist").set_index("setting")
-    # assert: the DP setting is labelled by what tells it apart; plain FedAvg first, the floor last
-    assert list(table.index) == ["fedavg", "fedavg (clip=0.5, noise=1)", "quantized [bits=4]", "untrained (fedavg)"]
+    # assert: every setting is named by the one naming function (names.setting_names): the DP setting by
+    # the config that tells it apart, quantized by its bits off the default 8; plain FedAvg first, the floor last
+    assert list(table.index) == ["fedavg", "fedavg (clip=0.5, noise=1)", "quantized (bits=4)", "untrained (fedavg)"]
     dp = table.loc["fedavg (clip=0.5, noise=1)"]
     half = stats.t.ppf(0.975, 2) * pd.Series([300.0, 330.0, 360.0]).std(ddof=1) / math.sqrt(3)
     assert dp["fd_fmnist"] == pytest.approx(330.0) and dp["fd_fmnist_high"] == pytest.approx(330.0 + half)

@@ -80,11 +80,12 @@ def test_end_to_end_on_run_folders_sync_against_fedbuff(tmp_path, monkeypatch, t
     run(tiny_config(over={**over, "train.rounds": 0, "eval.every": 0}), runs, data=tiny_data, progress=False)  # untrained: skipped
     assert main(["--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     table = pd.read_csv(tmp_path / "out" / "time_to_quality.csv")
-    assert sorted(table["label"].unique()) == ["fedavg", "fedavg (rounds=4, buffer=2, driver=fedbuff)"]
+    # the page's order: the budget (rounds) after the other keys (names.setting_names)
+    assert sorted(table["label"].unique()) == ["fedavg", "fedavg (buffer=2, driver=fedbuff, rounds=4)"]
     ref = table[table["label"] == "fedavg"]
     assert (ref["reached"] == "1/1").all() and ref["time_ratio"].tolist() == [1.0, 1.0]
     md = (tmp_path / "out" / "time_to_quality.md").read_text()
-    assert "| fedavg (rounds=4, buffer=2, driver=fedbuff) |" in md and "(reference)" in md
+    assert "| fedavg (buffer=2, driver=fedbuff, rounds=4) |" in md and "(reference)" in md
     with pytest.raises(SystemExit):
         main(["--runs", str(runs), "--out", str(tmp_path / "x"), "--at", "0,2"])
     assert "fractions in (0, 1]" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -28,7 +28,7 @@ import logging
 from pathlib import Path
 
 from dfbench.benchmark.report.mosaic import make_mosaic
-from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, curve_labels, primary_metric, runs_frame
+from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, primary_metric, runs_frame
 from dfbench.benchmark.report.formatting import block_title, blocks, metric_provenance, safe_name
 from dfbench.benchmark.report.layout import META_FILE, PageMeta, metrics_of
 from dfbench.benchmark.report.run_folders import RunFailure, RunRecord, find_run_dirs, format_params, load_runs, normalize_config, parse_alpha, read_run
@@ -64,13 +64,10 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     images: dict[str, Path] = {}
     notes: list[str] = []
 
-    labels = curve_labels(data.runs)  # run id -> setting plus the config that tells it apart in its block
-    told = {str(key): labels.get(str(run), "")[len(str(setting)):].strip()
-            for key, run, setting in zip(data.runs["group_key"], data.runs["run_id"], data.runs["setting"])} if len(data.runs) else {}
     for (dataset, partition), block in blocks(data.table):
         name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
-        path, mosaic_notes = make_mosaic(block, f"{block_title(dataset, partition)}: fixed-noise sample grids", out / f"{name}.png",
-                                         extra=told)
+        # captioned with the page's names (names.setting_names: the config that tells a setting apart included)
+        path, mosaic_notes = make_mosaic(block, f"{block_title(dataset, partition)}: fixed-noise sample grids", out / f"{name}.png")
         notes += [f"mosaic {dataset}/{partition}: {n}" for n in mosaic_notes]
         if path is not None:
             images[name] = path

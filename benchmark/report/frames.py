@@ -462,36 +462,12 @@ CURVE_COLUMNS = ["run_id", "dataset", "partition", "setting", "label", "group_ke
 
 
 def curve_labels(runs: pd.DataFrame) -> dict[str, str]:
-    """run_id -> its setting, plus the config keys that tell settings of one block apart (a
-    driver, a buffer, a deadline: what the method and its hyperparameters do not say).
+    """run_id -> its setting's human name (`names.setting_names`, the one naming function: the method,
+    the hyperparameters worth reading and the config keys where it differs from its block's usual
+    value), e.g. "fedavg" beside "fedavg (driver=fedbuff, buffer=2)"."""
+    from dfbench.benchmark.report.names import run_names
 
-    A key that varies in the block is named only where it differs from the block's most common
-    value (most runs; a tie goes to the config default, else to the first value seen), so the usual setting reads as just its method,
-    e.g. "fedavg" beside "fedavg (driver=fedbuff, buffer=2)"; two settings still get two labels."""
-    out: dict[str, str] = {}
-    if runs.empty:
-        return out
-    for _, block in runs.groupby(["dataset", "partition"], sort=False):
-        cfg_cols = [c for c in block.columns if c.startswith("cfg.") and c != "cfg.seed"]
-        varying = [c for c in cfg_cols if block[c].astype(str).nunique(dropna=False) > 1]
-        def most_common(col: str, values: pd.Series) -> str:
-            counts: dict[str, int] = {}
-            for v in values.astype(str):
-                counts[v] = counts.get(v, 0) + 1
-            top = max(counts.values())
-            tied = [v for v, n in counts.items() if n == top]
-            default = CONFIG_DEFAULTS.get(col[4:])
-            return str(default) if default is not None and str(default) in tied else tied[0]
-
-        usual = {c: most_common(c, block[c]) for c in varying}
-
-        def shown(v: Any) -> str:  # pandas turns int columns with gaps into floats; "" is "none"
-            return str(int(v)) if isinstance(v, float) and v.is_integer() else (str(v) if str(v) != "" else "none")
-
-        for _, row in block.iterrows():
-            extra = ", ".join(f"{c[4:]}={shown(row[c])}" for c in varying if str(row[c]) != usual[c])
-            out[str(row["run_id"])] = f"{row['setting']} ({extra})" if extra else str(row["setting"])
-    return out
+    return run_names(runs) if len(runs) else {}
 
 
 def curve_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.DataFrame:

@@ -32,10 +32,11 @@ import pandas as pd  # noqa: E402
 from dfbench.benchmark.metrics.uncertainty import t_interval  # noqa: E402
 from dfbench.benchmark.report.study_cli import study_main  # noqa: E402
 from dfbench.benchmark.report.frames import collect, higher_is_better, primary_metric  # noqa: E402
+from dfbench.benchmark.report.names import setting_names  # noqa: E402
 from dfbench.benchmark.report.paired import seed_differences  # noqa: E402
 
 CLAIM_RATIO, CLAIM_METRIC = 4.0, 1.75  # FedDM: up to 4x less communication for at most 1.75x the metric
-COLUMNS = ["dataset", "partition", "method", "setting", "seeds", "uplink_mb", "compression", "mean", "low", "high",
+COLUMNS = ["dataset", "partition", "method", "setting", "name", "seeds", "uplink_mb", "compression", "mean", "low", "high",
            "diff", "diff_low", "diff_high", "wins", "metric_ratio", "pareto"]
 
 
@@ -54,6 +55,7 @@ def frontier_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", h
     """One row per (block, trained setting) of a block that holds the reference; see the module doc."""
     rows = []
     trained = runs[~runs["baseline"].astype(bool)].dropna(subset=[metric])
+    names = setting_names(trained)  # the one naming function: method, hyperparameters off its defaults, config
     for (dataset, partition, _budget), block in trained.groupby(["dataset", "partition", "budget_key"], sort=True):
         ref = block[block["setting"] == reference]
         if ref.empty:
@@ -67,7 +69,7 @@ def frontier_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", h
             uplink = float(group["uplink_mb"].mean())
             wins = int((diff > 0).sum() if higher_better else (diff < 0).sum())
             part.append({"dataset": dataset, "partition": partition, "method": str(group["method"].iloc[0]),
-                         "setting": setting, "seeds": len(group), "uplink_mb": uplink,
+                         "setting": setting, "name": names[group.index[0]], "seeds": len(group), "uplink_mb": uplink,
                          "compression": ref_uplink / uplink if uplink > 0 else math.inf,
                          "mean": mean, "low": interval.low if interval else math.nan,
                          "high": interval.high if interval else math.nan,
@@ -95,25 +97,12 @@ def claim_table(table: pd.DataFrame, reference: str = "fedavg") -> pd.DataFrame:
         rows.append({"dataset": dataset, "partition": partition, "method": method,
                      "settings_at_4x": len(eligible),
                      "best_setting": best["setting"] if best is not None else "",
+                     "best_name": best["name"] if best is not None else "",
                      "best_compression": float(best["compression"]) if best is not None else math.nan,
                      "best_metric_ratio": float(best["metric_ratio"]) if best is not None else math.nan,
                      "holds": bool(best is not None and best["metric_ratio"] <= CLAIM_METRIC)})
-    return pd.DataFrame(rows, columns=["dataset", "partition", "method", "settings_at_4x", "best_setting",
+    return pd.DataFrame(rows, columns=["dataset", "partition", "method", "settings_at_4x", "best_setting", "best_name",
                                        "best_compression", "best_metric_ratio", "holds"])
-
-
-def short_labels(table: pd.DataFrame) -> dict[str, str]:
-    """setting -> its parameters that differ between the settings of its method (the plot's labels)."""
-    out = {}
-    for _, fam in table.groupby("method", sort=False):
-        params = {s: dict(kv.split("=", 1) for kv in s.split("[", 1)[1].rstrip("]").split(", ")) if "[" in s else {}
-                  for s in fam["setting"]}
-        keys = {k for p in params.values() for k in p}
-        varying = sorted(k for k in keys if len({p.get(k) for p in params.values()}) > 1)
-        for s, p in params.items():
-            out[s] = ", ".join("no EF" if (k == "error_feedback" and p.get(k, "").lower() == "false") else f"{k}={p[k]}"
-                               for k in varying if k in p and not (k == "error_feedback" and p[k].lower() == "true"))
-    return out
 
 
 def _fmt_ci(low: float, high: float, signed: bool = False) -> str:
@@ -141,7 +130,7 @@ def to_markdown(table: pd.DataFrame, claims: pd.DataFrame, metric: str, referenc
                   "|---|---:|---:|---:|---|---|---:|---:|:---:|"]
         for _, r in block.iterrows():
             diff = "" if not math.isfinite(r["diff"]) else f"{r['diff']:+.1f}{_fmt_ci(r['diff_low'], r['diff_high'], True)}"
-            lines.append(f"| {r['setting']} | {r['seeds']} | {r['uplink_mb']:.2f} | {r['compression']:.1f}x | "
+            lines.append(f"| {r['name']} | {r['seeds']} | {r['uplink_mb']:.2f} | {r['compression']:.1f}x | "
                          f"{r['mean']:.1f}{_fmt_ci(r['low'], r['high'])} | {diff} | {r['wins']} | "
                          f"{r['metric_ratio']:.2f} | {'★' if r['pareto'] else ''} |")
         fam = claims[(claims["dataset"] == dataset) & (claims["partition"] == partition)]
@@ -154,7 +143,7 @@ def to_markdown(table: pd.DataFrame, claims: pd.DataFrame, metric: str, referenc
                 if c["settings_at_4x"] == 0:
                     lines.append(f"| {c['method']} | 0 | – | – | – | no setting at {CLAIM_RATIO:g}x |")
                     continue
-                lines.append(f"| {c['method']} | {c['settings_at_4x']} | {c['best_setting']} | "
+                lines.append(f"| {c['method']} | {c['settings_at_4x']} | {c['best_name']} | "
                              f"{c['best_compression']:.1f}x | {c['best_metric_ratio']:.2f} | {'yes' if c['holds'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
@@ -164,7 +153,6 @@ def plot(table: pd.DataFrame, metric: str, reference: str, floors: dict[tuple[st
     blocks = list(table.groupby(["dataset", "partition"], sort=False))
     fig, axes = plt.subplots(1, len(blocks), figsize=(8.5 * len(blocks), 5.6), squeeze=False)
     methods = sorted(table["method"].unique())
-    short = short_labels(table)
     colors = dict(zip(methods, plt.get_cmap("tab10").colors))
     for ax, ((dataset, partition), block) in zip(axes[0], blocks):
         for _, r in block.iterrows():
@@ -177,7 +165,7 @@ def plot(table: pd.DataFrame, metric: str, reference: str, floors: dict[tuple[st
                         mfc="white" if open_marker else colors[r["method"]], ms=6, capsize=3, elinewidth=1)
             if r["pareto"]:
                 ax.plot([r["uplink_mb"]], [r["mean"]], "o", ms=15, mfc="none", mec="black", mew=1.2)
-            ax.annotate(short[r["setting"]], (r["uplink_mb"], r["mean"]),
+            ax.annotate(r["name"], (r["uplink_mb"], r["mean"]),
                         fontsize=6.5, xytext=(5, 4), textcoords="offset points")
         front = block[block["pareto"]].sort_values("uplink_mb")
         ax.step(front["uplink_mb"], front["mean"], where="post", color="black", lw=0.8, ls="--", alpha=0.6)

@@ -32,9 +32,11 @@ import pandas as pd
 
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.report.formatting import (
-    ALWAYS_SHOWN_CONFIG, _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
+    _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
     interval_sentence, safe_name,
 )
+from dfbench.benchmark.report.names import hyperparameters, is_baseline, setting_names, shown as _shown
+from dfbench.benchmark.report.names import varying_config
 from dfbench.benchmark.report.run_folders import to_float
 
 META_FILE = "report.json"
@@ -103,63 +105,6 @@ class Section:
 
 
 # ---------------------------------------------------------------------------------------------
-# hyperparameters
-
-def _method_defaults(method: str) -> dict[str, Any] | None:
-    from dfbench.methods.registry import method_help
-
-    try:
-        return {name: default for name, _, default in method_help(method)}
-    except KeyError:  # a method no longer (or not yet) registered here: show every hyperparameter
-        return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal as config values, whichever way the CSV read them back (0.5 vs "0.5", True vs "True")."""
-    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
-        return str(a).strip().lower() == str(b).strip().lower()
-    fa, fb = to_float(a), to_float(b)
-    if not (math.isnan(fa) or math.isnan(fb)):
-        return fa == fb
-    return str(a) == str(b)
-
-
-def _shown(value: Any) -> str:
-    """A config value as the page prints it; a missing one (NaN as leaderboard.csv reads back "") is ""."""
-    if isinstance(value, float) and math.isnan(value):
-        return ""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
-
-
-def hyperparameters(block: pd.DataFrame) -> dict[int, str]:
-    """Row index -> the hyperparameters worth reading: those that differ from the method's default,
-    plus those that vary between the block's settings of the same method."""
-    cols = [c for c in block.columns if c.startswith("param.")]
-    out: dict[int, str] = {}
-    for method, rows in block.groupby("method", sort=False):
-        defaults = _method_defaults(str(method))
-        used = [c for c in cols if rows[c].map(_present).any()]
-        varying = {c for c in used if rows[c].astype(str).nunique(dropna=False) > 1}
-        for idx, row in rows.iterrows():
-            parts = []
-            for c in used:
-                name, value = c[len("param."):], row[c]
-                if not _present(value):
-                    continue
-                default = None if defaults is None else defaults.get(name, dataclasses.MISSING)
-                if c in varying or defaults is None or default is dataclasses.MISSING or not _same(value, default):
-                    parts.append(f"{name}={_shown(value)}")
-            out[idx] = ", ".join(parts)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # columns
 
 def _kind(metric: str) -> str:
@@ -209,52 +154,24 @@ def _method_cell(row: pd.Series) -> str:
     return f"untrained ({row['method']})" if baseline else str(row["method"])
 
 
-def _is_baseline(row: pd.Series) -> bool:
-    return str(row["baseline"]).lower() == "true"
+_is_baseline = is_baseline
 
 
 def _varying_config(block: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
-    """Config keys that tell the block's trained settings apart, and the config they all share."""
-    cfg_cols = [c for c in block.columns if c.startswith("cfg.")]
-    trained = block[~block.apply(_is_baseline, axis=1)] if len(block) else block
+    """Config keys that tell the block's trained settings apart (`names.varying_config`), and the config they all share."""
+    varying = varying_config(block)
+    trained = block[~block.apply(is_baseline, axis=1)] if len(block) else block
     if trained.empty:
         trained = block
-    varying = [c for c in cfg_cols if trained[c].astype(str).nunique(dropna=False) > 1]
-    shared = {c[4:]: _shown(trained[c].iloc[0]) for c in cfg_cols if c not in varying}
+    shared = {c[4:]: _shown(trained[c].iloc[0]) for c in block.columns if c.startswith("cfg.") and c not in varying}
     return varying, shared
-
-
-def _usual(block: pd.DataFrame, col: str) -> str:
-    """The block's most common value of a config column (a tie goes to the config default, else the first seen)."""
-    from dfbench.benchmark.report.frames import CONFIG_DEFAULTS
-
-    counts: dict[str, int] = {}
-    for v in block[col].map(_shown):
-        counts[v] = counts.get(v, 0) + 1
-    top = max(counts.values())
-    tied = [v for v, n in counts.items() if n == top]
-    default = CONFIG_DEFAULTS.get(col[4:])
-    return _shown(default) if default is not None and _shown(default) in tied else tied[0]
-
-
-def _setting_label(row: pd.Series, params: str, varying: Sequence[str], usual: Mapping[str, str]) -> str:
-    """Method, its hyperparameters worth reading, and the config keys where this setting differs from
-    the block's usual value (so the usual setting reads as just its method)."""
-    extra = [params] if params else []
-    extra += [f"{c[4:]}={_shown(row[c])}" for c in varying if _shown(row[c]) != usual.get(c)]
-    return _method_cell(row) + (f" ({', '.join(extra)})" if extra else "")
 
 
 def setting_labels(block: pd.DataFrame, params: Mapping[int, str] | None = None,
                    shown_cfg: Sequence[str] | None = None) -> dict[int, str]:
-    """Row index -> the setting's name in this dataset/partition block: the method, the
-    hyperparameters worth reading and the config keys where it differs from the block's usual
-    value, e.g. "fedavg" beside "fedavg (stragglers=0.3)" (the plots' legends use it too)."""
-    params = hyperparameters(block) if params is None else params
-    if shown_cfg is None:
-        shown_cfg = _varying_config(block)[0]
-    usual = {c: _usual(block, c) for c in shown_cfg}
-    return {idx: _setting_label(row, params[idx], shown_cfg, usual) for idx, row in block.iterrows()}
+    """Row index -> the setting's name in this dataset/partition block (`names.setting_names`, the one
+    naming function), e.g. "fedavg" beside "fedavg (stragglers=0.3)"."""
+    return setting_names(block, params, shown_cfg)  # type: ignore[return-value]
 
 
 def _run_links(row: pd.Series, runs_dir: str | None) -> list[tuple[str, str]]:
@@ -311,9 +228,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     primary = primary if isinstance(primary, str) and primary else None
     present = [m for m in metrics if f"{m}_n" in block and pd.to_numeric(block[f"{m}_n"], errors="coerce").gt(0).any()]
     params = hyperparameters(block)
-    varying, shared = _varying_config(block)
-    shown_cfg = [c for c in varying if c[4:] not in ALWAYS_SHOWN_CONFIG] + \
-        [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in varying]
+    shown_cfg, shared = _varying_config(block)
     labels = setting_labels(block, params, shown_cfg)
     target = tuple(meta.target) if meta.target else None
 
@@ -391,11 +306,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
 
 def labels_by_key(block: pd.DataFrame) -> dict[str, str]:
     """group_key -> the page's name of each setting of a block (the aggregated table with its group_key)."""
-    params = hyperparameters(block)
-    varying, _ = _varying_config(block)
-    shown_cfg = [c for c in varying if c[4:] not in ALWAYS_SHOWN_CONFIG] + \
-        [f"cfg.{c}" for c in ALWAYS_SHOWN_CONFIG if f"cfg.{c}" in varying]
-    labels = setting_labels(block, params, shown_cfg)
+    labels = setting_names(block)
     return {str(block.at[i, "group_key"]): labels[i] for i in block.index}
 
 

@@ -35,17 +35,15 @@ def _wrap(text: str, draw: ImageDraw.ImageDraw, font: Any, width: int) -> list[s
     return lines or [""]
 
 
-def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int = 192,
-                extra: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
+def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int = 192) -> tuple[Path | None, list[str]]:
     """Side-by-side grids of one block (first seed per setting), captioned with rank, the page's name
-    for the setting (method and the hyperparameters off its defaults) and score;
-    `extra`: group_key -> the config that tells a setting apart from the block's others (e.g. DP's
-    "(clip=2, noise=0.1)", see frames.curve_labels), added to the method's line."""
+    for the setting (`names.setting_names`: the method, the hyperparameters off its defaults and the
+    config that tells it apart from the block's others, e.g. DP's "(clip=2, noise=0.1)") and score."""
     notes: list[str] = []
     tiles: list[tuple[Image.Image, list[str]]] = []
-    from dfbench.benchmark.report.layout import setting_labels
+    from dfbench.benchmark.report.names import setting_names
 
-    names = setting_labels(block)
+    names = setting_names(block)
     for idx, row in block.iterrows():
         if not row["grid"]:
             notes.append(f"{row['setting']}: no grid.png")
@@ -61,9 +59,7 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
         name = names[idx]  # the page's name: the hyperparameters off the method's defaults, not all of them
         tie = "=" if str(row.get("rank_tie")).lower() == "true" else ""  # as the page writes a shared rank
         rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])}{tie} "
-        told = "" if row["baseline"] else (extra or {}).get(str(row["group_key"]), "")
-        told = "" if told.strip("()") in name else told
-        caption = [f"{rank}{name}{' ' + told if told else ''}", score, f"seed {row['grid_seed']}"]
+        caption = [f"{rank}{name}", score, f"seed {row['grid_seed']}"]
         tiles.append((tile, [c for c in caption if c]))
     if not tiles:
         return None, notes + [f"{title}: no readable grid.png, mosaic skipped"]

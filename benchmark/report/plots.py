@@ -25,7 +25,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from dfbench.benchmark.core import runfolder  # noqa: E402
-from dfbench.benchmark.report.frames import better, primary_metric  # noqa: E402
+from dfbench.benchmark.report.frames import better, curve_labels, primary_metric  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +111,9 @@ def plot_metric_vs_keep_ratio(runs: pd.DataFrame, metrics: Sequence[str], path: 
 
 def _setting_names(scored: pd.DataFrame) -> dict[Any, str]:
     """Row index -> the setting's name on the page (named within its whole dataset/partition block)."""
-    from dfbench.benchmark.report.layout import setting_labels
+    from dfbench.benchmark.report.names import setting_names
 
-    names: dict[Any, str] = {}
-    for _, block in scored.groupby(["dataset", "partition"], sort=False):
-        names.update(setting_labels(block))
-    return names
+    return setting_names(scored)
 
 
 def setting_colors(table: pd.DataFrame, metrics: Sequence[str]) -> dict[str, Any]:
@@ -260,39 +257,6 @@ def table_plots(table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path) ->
     }, plots_dir)
 
 
-def short_labels(runs: pd.DataFrame) -> dict[str, str]:
-    """setting -> the legend's label: the method with the hyperparameters the leaderboard shows
-    (non-default or varying), e.g. "fedprox (mu=0.01)" for "fedprox [mu=0.01]"; a setting whose short
-    label would not be unique keeps its full one."""
-    from dfbench.benchmark.report.layout import hyperparameters
-
-    if runs.empty or "setting" not in runs:
-        return {}
-    shown = hyperparameters(runs)
-    short: dict[str, str] = {}
-    for i, row in runs.iterrows():
-        name = f"untrained ({row['method']})" if bool(row.get("baseline")) else str(row["method"])
-        short[str(row["setting"])] = f"{name} ({shown[i]})" if shown[i] else name
-    counts: dict[str, int] = {}
-    for label in short.values():
-        counts[label] = counts.get(label, 0) + 1
-    return {s: (label if counts[label] == 1 else s) for s, label in short.items()}
-
-
-def run_labels(runs: pd.DataFrame) -> dict[str, str]:
-    """run id -> its legend label: the short setting label plus the config that tells it apart in its
-    block (DP's clip and noise, a driver: `frames.curve_labels`), so settings of one method that differ
-    only in config get their own lines."""
-    from dfbench.benchmark.report.frames import curve_labels
-
-    short = short_labels(runs)
-    out = {}
-    for run_id, label in curve_labels(runs).items():
-        setting = str(runs.loc[runs["run_id"] == run_id, "setting"].iloc[0])
-        out[run_id] = short.get(setting, setting) + label[len(setting):]
-    return out
-
-
 def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str] | None = None) -> Path | str:
     """Mean training loss per round (from rounds.jsonl), one line per setting (`labels`: run id ->
     label; seeds of one label pooled), one panel per block."""
@@ -407,7 +371,7 @@ def make_plots(
         "metric_vs_keep_ratio": lambda p: plot_metric_vs_keep_ratio(runs, metrics, p),
         "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
-        "loss_per_round": lambda p: plot_loss_per_round(rounds, p, run_labels(runs)),
+        "loss_per_round": lambda p: plot_loss_per_round(rounds, p, curve_labels(runs)),
         "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(table, metrics, p),
         "metric_vs_w2": lambda p: plot_metric_vs_w2(table, metrics, p),
         "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),

@@ -3,7 +3,7 @@
     python -m dfbench.benchmark.report.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy
 
 Per block (dataset, partition) and setting -- labelled by its method and the config keys that tell
-it apart from the block's usual value (frames.curve_labels: "fedavg (clip=0.5, noise=1)") -- the
+it apart from the block's usual value (names.setting_names: "fedavg (clip=0.5, noise=1)") -- the
 mean over seeds with a 95 % Student-t interval of: the primary quality metric; the copy rate of the
 samples (d1/d2 < 1/3 against the clients' images, in the classifier's features and in pixels) and
 the same rule on held-out test images (the rate of a model that does not copy); the nearest
@@ -16,7 +16,6 @@ copy rate, and quality against epsilon).
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import matplotlib
@@ -52,9 +51,8 @@ def _mean_ci(values: list[float], unit: bool = False) -> tuple[float, float, flo
 
 def privacy_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg") -> pd.DataFrame:
     """One row per (block, setting label); see the module doc."""
-    labels = curve_labels(runs)
-    runs = runs.assign(label=[str(s) if b else labels.get(str(r), str(s))
-                              for r, s, b in zip(runs["run_id"], runs["setting"], runs["baseline"].astype(bool))])
+    labels = curve_labels(runs)  # the one naming function (names.setting_names)
+    runs = runs.assign(label=[labels.get(str(r), str(s)) for r, s in zip(runs["run_id"], runs["setting"])])
     rows = []
     for (dataset, partition), block in runs.groupby(["dataset", "partition"], sort=True):
         ref = block[(block["label"] == reference) & ~block["baseline"].astype(bool)]
@@ -126,20 +124,13 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str) -> str:
     return "\n".join(lines)
 
 
-def short_labels(settings: list[str]) -> dict[str, str]:
-    """setting -> its label without the "[hyperparameters]" where its method name alone is unique."""
-    bare = {s: re.sub(r" \[[^\]]*\]", "", s) for s in settings}
-    return {s: b if list(bare.values()).count(b) == 1 else s for s, b in bare.items()}
-
-
 def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
     """Quality against copy rate (every setting) and against epsilon (the DP settings and the reference)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     colors = plt.get_cmap("tab10")
-    names = short_labels([str(s) for s in table["setting"]])
     for i, (_, row) in enumerate(table.iterrows()):
         style = dict(color=colors(i % 10), marker="s" if row["baseline"] else ("D" if row["dp"] else "o"), capsize=3, ms=7,
-                     label=names[str(row["setting"])])
+                     label=str(row["setting"]))
         xerr = None if math.isnan(row[f"{COPY}_low"]) else [[row[COPY] - row[f"{COPY}_low"]], [row[f"{COPY}_high"] - row[COPY]]]
         yerr = None if math.isnan(row[f"{metric}_low"]) else [[row[metric] - row[f"{metric}_low"]], [row[f"{metric}_high"] - row[metric]]]
         axes[0].errorbar([row[COPY]], [row[metric]], xerr=xerr, yerr=yerr, **style)
