@@ -25,6 +25,7 @@ from dfbench.benchmark.core.config import SECTIONS, experiment_schema
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
+from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_folders import (
     RunFailure,
     RunRecord,
@@ -110,12 +111,6 @@ def grouped_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 METHOD_KEYS: frozenset[str] = frozenset({"dataset", "partition", "method", "method_params"})
 
 
-def _config_defaults() -> dict[str, Any]:
-    """Leaf name -> default of the config sections (as normalize_config names a run's keys)."""
-    return normalize_config({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()})
-
-
-CONFIG_DEFAULTS: dict[str, Any] = _config_defaults()
 
 
 def _canonical(mapping: Mapping[str, Any]) -> str:
@@ -465,8 +460,6 @@ def curve_labels(runs: pd.DataFrame) -> dict[str, str]:
     """run_id -> its setting's human name (`names.setting_names`, the one naming function: the method,
     the hyperparameters worth reading and the config keys where it differs from its block's usual
     value), e.g. "fedavg" beside "fedavg (driver=fedbuff, buffer=2)"."""
-    from dfbench.benchmark.report.names import run_names
-
     return run_names(runs) if len(runs) else {}
 
 

@@ -19,10 +19,14 @@ from typing import Any
 
 import pandas as pd
 
-from dfbench.benchmark.core.config import experiment_schema
-from dfbench.benchmark.report.formatting import ALWAYS_SHOWN_CONFIG
-from dfbench.benchmark.report.frames import CONFIG_DEFAULTS
-from dfbench.benchmark.report.run_folders import to_float
+from dfbench.benchmark.core.config import SECTIONS, experiment_schema
+from dfbench.benchmark.report.run_folders import normalize_config, to_float
+
+# Config keys named after the other varying ones (the budget), in a name and in a block's main table.
+ALWAYS_SHOWN_CONFIG: tuple[str, ...] = ("rounds",)
+
+#: leaf name (as normalize_config names a run's keys) -> default of the config sections
+CONFIG_DEFAULTS: dict[str, Any] = normalize_config({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()})
 
 
 def _method_defaults(method: str) -> dict[str, Any] | None:
