@@ -3,6 +3,7 @@ membership attack, wired into a run's evaluation (eval.privacy_metrics=true)."""
 
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,8 @@ from dfbench.benchmark.engine import leakage, lifecycle
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.evaluate import evaluate_dir
 from helpers import tiny_config
+
+pytestmark = pytest.mark.slow  # whole runs scored for memorization and membership
 
 
 @pytest.fixture
@@ -110,7 +113,7 @@ def test_every_candidate_of_the_attack_gets_its_own_noise(monkeypatch, tiny_data
     cfg = tiny_config(over={"eval.privacy_metrics": True, "eval.privacy_images": 4})
     ctx = build_context(cfg, data=tiny_data)
     same = ctx.client_indices[0][:4]
-    ctx.client_indices = [same.clone() for _ in range(4)]
+    ctx = dataclasses.replace(ctx, client_indices=[same.clone() for _ in range(4)])
     seen = []
     real = leakage.image_losses
 

@@ -8,6 +8,7 @@ Methods from outside the package are covered too: the plugins of the installed e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
 from dfbench.methods.plugins import load_plugins
 from helpers import final_params, tiny_config
+
+pytestmark = pytest.mark.slow  # one whole run per registered method
 
 load_plugins()  # entry points and $DFBENCH_PLUGINS, before the parametrizations list the methods
 
@@ -97,7 +100,7 @@ def test_differential_privacy_is_refused_up_front_or_clips_every_update(tiny_dat
         return
     assert methods.get_method_class(name).capabilities.mean_aggregation
     ctx = build_context(cfg, data=tiny_data)
-    ctx.mechanisms = privacy.mechanisms(cfg, ctx)
+    ctx = dataclasses.replace(ctx, mechanisms=tuple(privacy.mechanisms(cfg, ctx)))  # as the run's life cycle builds it
     method = methods.create_method(name)
     state = method.init_state(ctx.init_params, ctx)
     new, row = train_round(method, state, ctx, 1)

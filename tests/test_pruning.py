@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ def rows_of(d: Path) -> list[dict]:
 
 # -- keep ratio 1.0 is FedAvg --------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inference", INFERENCE_MODES)
 @pytest.mark.parametrize("name", PRUNERS)
 def test_keep_ratio_one_equals_fedavg_bitwise(tmp_path, tiny_data, name, inference):
@@ -143,13 +145,11 @@ def test_random_masks_fresh_per_client_and_round_through_the_method(tiny_data):
     state = methods.ServerState(params=ctx.init_params.clone())
     plans = {}
     for r in (1, 2):
-        ctx.round = r
         for k in (0, 1):
-            plans[r, k] = m.client_view(state, k, ctx)
+            plans[r, k] = m.client_view(state, k, ctx.at_round(r))
     masks = [p.step.mask for p in plans.values()]
     assert all(not torch.equal(masks[i], masks[j]) for i in range(4) for j in range(i))
-    ctx.round = 1
-    assert torch.equal(m.client_view(state, 0, ctx).step.mask, plans[1, 0].step.mask)  # seeded by (seed, round, client)
+    assert torch.equal(m.client_view(state, 0, ctx.at_round(1)).step.mask, plans[1, 0].step.mask)  # seeded by (seed, round, client)
     for p in plans.values():  # the client starts from theta * m
         assert torch.equal(p.start, state.params * p.step.mask)
 
@@ -160,7 +160,7 @@ def test_topk_global_one_mask_per_round_recomputed_from_new_weights(tiny_data):
     w = prunable_tensors(ctx.layout, False)
     pool = sum(n for n, p in zip(ctx.layout.numels, w) if p)
     state = methods.ServerState(params=ctx.init_params.clone())
-    ctx.round = 1
+    ctx = ctx.at_round(1)
     a, b = m.client_view(state, 0, ctx), m.client_view(state, 3, ctx)
     assert torch.equal(a.step.mask, b.step.mask) and a.trained_params == ctx.layout.total - pool + keep_count(pool, 0.3)
     # global scope: one threshold, so the smallest kept |weight| >= the largest pruned one across tensors
@@ -169,7 +169,7 @@ def test_topk_global_one_mask_per_round_recomputed_from_new_weights(tiny_data):
     assert mag[prunable & (a.step.mask == 1)].min() >= mag[prunable & (a.step.mask == 0)].max()
     # next round's global weights: the mask follows them (no stale cache)
     new = methods.ServerState(params=state.params.flip(0))
-    ctx.round = 2
+    ctx = ctx.at_round(2)
     assert torch.equal(m.client_view(new, 0, ctx).step.mask, magnitude_mask(new.params, ctx.layout, 0.3, w, "global"))
     assert not torch.equal(m.client_view(new, 0, ctx).step.mask, a.step.mask)
 
@@ -178,7 +178,7 @@ def test_capacity_tiers_override_keep_ratio(tiny_data):
     ctx = build_context(tiny_config("topk_prune", over={"system.capacity": "1.0:0.5,0.5:0.5"}), data=tiny_data)
     m = methods.create_method("topk_prune", keep_ratio=0.2)
     state = methods.ServerState(params=ctx.init_params.clone())
-    ctx.round = 1
+    ctx = ctx.at_round(1)
     w = prunable_tensors(ctx.layout, False)
     fixed = sum(n for n, p in zip(ctx.layout.numels, w) if not p)
     half = fixed + sum(keep_count(n, 0.5) for n, p in zip(ctx.layout.numels, w) if p)
@@ -322,6 +322,7 @@ def test_gamma_uncovered_w2_sigma2_equal_hand_computed(tiny_data, kind):
     np.testing.assert_allclose(state.params.numpy(), ref, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_gamma_star_is_the_running_minimum(tmp_path, tiny_data, monkeypatch):
     # prepare: rounds 1 and 3 full masks (Gamma = 4), round 2 every parameter pruned by one client (Gamma = 3)
     cfg = tiny_config(over={"train.rounds": 3, "train.local_steps": 1})
@@ -339,6 +340,7 @@ def test_gamma_star_is_the_running_minimum(tmp_path, tiny_data, monkeypatch):
 
 # -- whole runs at keep 0.5 ------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRUNERS)
 def test_pruned_run_completes_with_diagnostics_and_exact_bits(tmp_path, tiny_data, name):
     d = run_tiny(name, {"keep_ratio": 0.5}, tmp_path, tiny_data)
@@ -411,8 +413,8 @@ def test_scaled_rule_is_the_expectation_of_submodel_outputs_for_a_linear_layer(s
 
 def _captured_sampling_params(method, ctx, params) -> torch.Tensor:
     seen = []
-    ctx.sample_single = lambda p, noise, objective: seen.append(p.clone()) or noise
-    method.sample(params, torch.zeros(2, *ctx.image_shape), ctx)
+    with patch.object(type(ctx), "sample_single", lambda self, p, noise, objective: seen.append(p.clone()) or noise):
+        method.sample(params, torch.zeros(2, *ctx.image_shape), ctx)  # (the context is frozen: patched on its class)
     return seen[0]
 
 

@@ -28,8 +28,8 @@ def test_one_client_with_zero_control_variates_is_fedavg_for_the_first_round(tmp
 
 def _one_round_by_hand(ctx, method, state, r):
     """The loop's sequential round, spelled out, keeping each client's plan and local model."""
-    ctx.round, clients = r, list(range(ctx.num_clients))
-    ctx.round_weight = float(sum(ctx.client_sizes))
+    clients = list(range(ctx.num_clients))
+    ctx = ctx.at_round(r, float(sum(ctx.client_sizes)))
     acc, plans, locals_ = method.new_accumulator(state, ctx), {}, {}
     for k in clients:
         plans[k] = plan = method.client_view(state, k, ctx)

@@ -27,8 +27,9 @@ trusted, without discarding it (FedAsync's hinge and exponential forms drop old 
 
 A client's generator is (run seed, "client", start version + 1, client), the synchronous round's
 key, with a job counter appended when the same client starts again from the same version; the
-method sees ctx.round = start version + 1 while it plans and encodes that job, and the lr of
-that round. Training happens when the client starts (its result depends on nothing later); the
+method sees the context at round start version + 1 (`ctx.at_round`) while it plans and encodes
+that job, with the lr of that round (its weight, known only at the server step, is 1 there), and
+at round r with the buffered clients' weight while the r-th server step accumulates and applies. Training happens when the client starts (its result depends on nothing later); the
 upload waits in the driver's state until its report time. That state (time, version, jobs in
 flight with their starts and uploads, the buffer, the pick count) is checkpointed with the
 model, so a run killed mid-flight resumes bitwise.
@@ -48,7 +49,6 @@ from typing import Any
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core.config import round_lr
 from dfbench.benchmark.core.parsing import parse_staleness
 from dfbench.benchmark.core.seeds import np_rng
 from dfbench.benchmark.engine.context import RunContext
@@ -121,17 +121,16 @@ class FedBuff:
 
     # -- events -----------------------------------------------------------------------------
     def _start(self, client: int, state: methods.ServerState) -> None:
-        cfg, ctx = self.ctx.cfg, self.ctx
         r = self.version + 1  # the synchronous round this version would train
+        cfg, ctx = self.ctx.cfg, self.ctx.at_round(r)
         n = self.started.get((client, self.version), 0)
         self.started[(client, self.version)] = n + 1
-        ctx.round = r
         plan = self.method.client_view(state, client, ctx)
         plan.version = self.version
         steps = int(ctx.local_steps[client])
         gen = ctx.gen("client", r, client) if n == 0 else ctx.gen("client", r, client, "job", n)
         res = local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[client],
-                          ctx.get_objective(plan.step.objective), plan.step, StepSettings.of(cfg.train, round_lr(cfg.train, r)),
+                          ctx.get_objective(plan.step.objective), plan.step, StepSettings.of(cfg.train, ctx.client_lr()),
                           steps=steps, gen=gen)
         up = self.method.upload(res.params, plan, client, state, ctx)
         if type(up) is not methods.Upload:  # its extra fields would not survive the checkpoint
@@ -176,11 +175,10 @@ class FedBuff:
         return state, row
 
     def _apply(self, state: methods.ServerState, r: int) -> tuple[methods.ServerState, dict[str, Any]]:
-        ctx, method = self.ctx, self.method
+        method = self.method
         jobs = sorted(self.buffer, key=lambda jt: jt[0].client)  # client order, as a synchronous round adds them
         self.buffer = []
-        ctx.round = r
-        ctx.round_weight = float(sum(ctx.client_sizes[j.client] for j, _ in jobs)) or 1.0
+        ctx = self.ctx.at_round(r, float(sum(self.ctx.client_sizes[j.client] for j, _ in jobs)) or 1.0)
         acc = method.new_accumulator(state, ctx)
         acc.update(_diag_accumulator(state, ctx))
         S = RoundSums(acc)

@@ -3,13 +3,19 @@
 Data, layout, clients and their capacities; seeded generators; the objectives, samplers and
 the velocity-space ODE; the run's network (and the same architecture at another width). A
 method imports nothing from the engine at run time: everything reaches it through here.
-Built once per run by `build_context`; methods never see the round's bookkeeping.
+
+The context is a value: built once per run by `build_context` (the life cycle adds the run's
+mechanisms when it builds it), and never assigned to afterwards (a frozen dataclass; the tensors
+and the network it holds are the run's buffers, which the round computes in). What changes from
+round to round is a `RoundState` (round index, its aggregation weight, its learning rate): a
+driver hands the hooks `ctx.at_round(r, weight)`, a shallow copy that carries the round's state,
+so a method reads `ctx.round` and nothing in the loop writes it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +32,16 @@ from dfbench.benchmark.engine.model import PRESETS, Layout, UNet, UNetSpec, buil
 from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
 
 
-@dataclass
+@dataclass(frozen=True)
+class RoundState:
+    """What the hooks of one round (one server step of an asynchronous driver) see of it."""
+
+    round: int = 0  # 1-based; 0 outside any round (set-up, finalize, evaluation)
+    weight: float = 1.0  # sum of n_k over the clients aggregated in this round (p_k = n_k / weight)
+    lr: float | None = None  # the clients' learning rate this round (train.lr under train.lr_decay)
+
+
+@dataclass(frozen=True, eq=False)
 class RunContext:
     cfg: RunConfig
     device: torch.device
@@ -44,15 +59,31 @@ class RunContext:
     capacity: np.ndarray | None
     local_steps: np.ndarray  # per-client local steps (stragglers run fewer)
     clock: Clock  # simulated seconds of clients and rounds (benchmark/engine/clock.py)
-    objectives: dict[str, Any] = field(default_factory=dict)  # "ddpm"/"fm" -> objective object
-    round: int = 0
-    round_weight: float = 1.0  # sum of n_k over this round's clients (set by the loop)
-    progress: bool = False  # tqdm bars for sampling (set by the loop)
+    objectives: dict[str, Any] = field(default_factory=dict)  # "ddpm"/"fm" -> objective object (a cache, filled on use)
+    # the round the hooks are called in (a driver passes them `at_round(...)`; 0 = outside any round)
+    round_state: RoundState = RoundState()
+    progress: bool = False  # tqdm bars for sampling (evaluation passes a copy with its own)
     # what wraps every round's accumulation from outside the method (methods.Mechanism, e.g. DP's
     # clipping and noise: benchmark/engine/privacy.py), set by the run's life cycle from the config
-    mechanisms: list[Any] = field(default_factory=list)
+    mechanisms: tuple[Any, ...] = ()
     rank: int = 0
     world: int = 1
+
+    # -- the round ------------------------------------------------------------------------
+    def at_round(self, round_: int, weight: float = 1.0) -> "RunContext":
+        """This context in round `round_` whose aggregated clients hold `weight` samples in all:
+        a shallow copy (the same data, network and buffers) with that round's `RoundState`."""
+        return replace(self, round_state=RoundState(round=round_, weight=weight, lr=round_lr(self.cfg.train, round_)))
+
+    @property
+    def round(self) -> int:
+        """The current round (1-based; 0 outside any round)."""
+        return self.round_state.round
+
+    @property
+    def round_weight(self) -> float:
+        """Sum of n_k over the clients aggregated in this round."""
+        return self.round_state.weight
 
     # -- conveniences for methods ---------------------------------------------------------
     @property
@@ -97,8 +128,6 @@ class RunContext:
     def network_at_width(self, channels: int) -> torch.nn.Module:
         """The run's architecture at another base width, on the meta device (structure only:
         `torch.func.functional_call` supplies its parameters), e.g. for HeteroFL's sub-models."""
-        from dataclasses import replace
-
         with torch.device("meta"):
             return UNet(self.image_shape[0], replace(self.model_spec, channels=channels))
 
@@ -116,7 +145,8 @@ class RunContext:
 
     def client_lr(self) -> float:
         """The clients' learning rate in the current round (train.lr under train.lr_decay)."""
-        return round_lr(self.cfg.train, self.round)
+        lr = self.round_state.lr
+        return round_lr(self.cfg.train, self.round) if lr is None else lr
 
     def sampler_name(self, objective: str) -> str:
         s = self.cfg.eval.sampler
@@ -193,7 +223,8 @@ def run_partition(cfg: RunConfig, labels: np.ndarray, images: torch.Tensor) -> d
     return part.capped(cfg.data.client_images, derive_seed(cfg.seed, "client_images")) if cfg.data.client_images else part
 
 
-def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> RunContext:
+def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None, rank: int = 0, world: int = 1) -> RunContext:
+    """The run's context (data, partition, the seeded network); `rank`/`world` of torch.distributed."""
     device = torch.device(distributed.local_device(cfg.device))  # "cuda" -> cuda:LOCAL_RANK under torchrun
     if data is None:
         data = datasets.load(cfg.data.dataset, "train", root=cfg.data.root)
@@ -215,4 +246,5 @@ def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None) -> R
         capacity=assign_tiers(cfg.data.clients, cfg.system.capacity, cfg.seed),
         local_steps=assign_local_steps(cfg.data.clients, cfg.train.local_steps, cfg.system.stragglers, cfg.system.straggler_steps, cfg.seed),
         clock=build_clock(cfg.data.clients, cfg.system, cfg.seed),
+        rank=rank, world=world,
     )

@@ -213,7 +213,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
                    ema: torch.Tensor | None, totals: dict[str, Any], extra: dict[str, Any], progress: bool = True) -> None:
     t0 = time.perf_counter()
     params = ema if ema is not None else state.params
-    ctx.progress = progress
+    ctx = dataclasses.replace(ctx, progress=progress)  # sampling's bars; the run's context is not written
     samples = generate(cfg, ctx, method, params)
     write_samples(d, samples)
     save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
@@ -561,7 +561,6 @@ def regenerate_samples(d: Path, cfg: RunConfig, *, data: Any = None, progress: b
         ctx, method, params = final_model(d, cfg, data=data)
     except FileNotFoundError as err:
         raise FileNotFoundError(str(err).replace("to rebuild the trained model from", f"to regenerate {runfolder.SAMPLES} from")) from None
-    ctx.progress = progress
-    samples = generate(cfg, ctx, method, params)
+    samples = generate(cfg, dataclasses.replace(ctx, progress=progress), method, params)
     write_samples(d, samples)
     return samples

@@ -17,6 +17,7 @@ every way out. They are a run option (no config field, no run id change) and nev
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 import traceback
@@ -135,8 +136,10 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
     started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic, cfg.train.amp)
     if writer:
         starts = _numerics_starts(d, started)
-    ctx = build_context(cfg, data=data)
-    ctx.rank, ctx.world = rank, world
+    ctx = build_context(cfg, data=data, rank=rank, world=world)
+    # the run's context, complete: with what wraps every round's sums (e.g. DP's clipping and noise);
+    # never assigned to afterwards (the rounds see copies at their round, context.RunContext.at_round)
+    ctx = dataclasses.replace(ctx, mechanisms=tuple(privacy.mechanisms(cfg, ctx)))
     method = methods.create_method(cfg.method, **dict(cfg.method_params))
 
     def owner() -> bool:  # rank 0, and still the owner (a lock taken over means: write nothing more)
@@ -228,7 +231,6 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
     driver = make_driver(method, ctx)  # None: synchronous rounds (training.py); else FedBuff (asynchronous.py)
-    ctx.mechanisms = privacy.mechanisms(cfg, ctx)  # e.g. DP's clipping and noise, around every method's sums
     totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None,
               "sim_seconds": 0.0, "client_images": 0.0}
     ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core.config import round_lr
 from dfbench.benchmark.engine import batched, distributed
 from dfbench.benchmark.engine.context import RunContext, sample_round_clients
 from dfbench.benchmark.engine.local_step import StepSettings, local_train
@@ -85,25 +84,25 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
                 mechanisms: Sequence[methods.Mechanism] | None = None) -> tuple[methods.ServerState, dict[str, Any]]:
     """One communication round; returns the new state and the rounds.jsonl row.
 
-    `mechanisms` (methods.base.Mechanism; default: the run's, `ctx.mechanisms`) wrap the accumulation
-    for every method: each sees every decoded upload before `method.accumulate`, and the all-reduced
-    sums before `apply`.
+    `ctx` is the run's context; the hooks see `ctx.at_round(r, weight)`, a copy that carries this
+    round's RoundState (`ctx` itself is never written). `mechanisms` (methods.base.Mechanism;
+    default: the run's, `ctx.mechanisms`) wrap the accumulation for every method: each sees every
+    decoded upload before `method.accumulate`, and the all-reduced sums before `apply`.
     """
     mechanisms = ctx.mechanisms if mechanisms is None else mechanisms
     t0 = time.perf_counter()
     cfg = ctx.cfg
-    ctx.round = r
     clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r,
                                             cfg.system.sampling)
     # p_k = n_k / sum_j n_j over the round's clients (known to every rank: the client list is seeded)
-    ctx.round_weight = float(sum(ctx.client_sizes[k] for k in clients)) or 1.0
+    ctx = ctx.at_round(r, float(sum(ctx.client_sizes[k] for k in clients)) or 1.0)
     acc = method.new_accumulator(state, ctx)
     acc.update(_diag_accumulator(state, ctx))
     for mech in mechanisms:
         acc.update(mech.new_sums(state, ctx))
     S = RoundSums(acc)
     per_client: dict[int, ClientStats] = {}
-    settings = StepSettings.of(cfg.train, round_lr(cfg.train, r))
+    settings = StepSettings.of(cfg.train, ctx.client_lr())
     mine = distributed.my_share(clients, ctx.rank, ctx.world)
     clock = ctx.clock
     late: dict[int, float] = {}  # client -> its simulated seconds, past the deadline (its update is dropped)
