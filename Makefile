@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ install: $(VENV)/.installed ## create .venv and install dfbench with its test ex
 
 test: $(VENV)/.installed ## run the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest tests
+
+test-fast: $(VENV)/.installed ## the unit tier: every test not marked slow (under 2 minutes on 2 cores)
+	$(BIN)/python -m pytest -m "not slow" tests
 
 demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untrained baseline, report in results/demo/
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then

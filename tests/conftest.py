@@ -40,3 +40,26 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     """Reference statistics and downloads go to a temporary cache, never the user's."""
     monkeypatch.setenv("DFBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
     torch.set_num_threads(1)
+
+
+# -- the tiers: `make test` runs everything, `make test-fast` (-m "not slow") the unit tier ---------
+# A new test lands in the fast tier unless marked `slow`; a fast-tier run names the unmarked tests
+# that took long enough to belong in the slow tier, so the tier stays under its 2 minutes.
+
+SLOW_HINT_S = 5.0
+_unmarked_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _unmarked_seconds[report.nodeid] = _unmarked_seconds.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if "not slow" not in (config.getoption("markexpr", "") or ""):
+        return
+    slow = sorted(((s, n) for n, s in _unmarked_seconds.items() if s >= SLOW_HINT_S), reverse=True)
+    if slow:
+        terminalreporter.write_sep("=", f"tests not marked slow that took {SLOW_HINT_S:.0f} s or more")
+        for seconds, nodeid in slow:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}  (mark it @pytest.mark.slow?)")

@@ -62,6 +62,7 @@ def _loss(value: float) -> dict:
     return {"metric": "denoise_loss", "value": value, "std_err": 0.01, "reference": "fmnist/test"}
 
 
+@pytest.mark.slow
 def test_the_report_shows_agreement_and_labels_a_first_place_that_holds_under_one_metric_only(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
     # fedavg is first by fd_fmnist, but the held-out loss puts fedprox first on every seed

@@ -15,8 +15,7 @@ from dfbench.benchmark.engine import training
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.cli import add_run_args, config_from_args
 from dfbench.benchmark.core.config import ConfigError, config_hash
-from helpers import TINY
-from test_report import fd, make_run
+from helpers import TINY, fd, make_run, write_grid
 
 
 def test_make_config_matches_the_cli(tmp_path: Path) -> None:
@@ -59,10 +58,9 @@ def test_every_run_flag_gives_the_cli_config_and_the_flag_table_is_the_parser() 
     assert dfbench.make_config() == config_from_args(defaults)
 
 
+@pytest.mark.slow
 def test_run_grid_from_python_selects_overrides_and_skips_done_cells(tmp_path: Path, tiny_data) -> None:
     # prepare: a grid of two seeds; `only` takes one, a plain keyword overrides its rounds
-    from test_grid import write_grid
-
     path = write_grid(tmp_path / "g.toml", {**TINY, "train.rounds": 2}, {"seed": [0, 1]})
     out = tmp_path / "runs"
     # execute
@@ -85,8 +83,6 @@ def test_run_grid_from_python_selects_overrides_and_skips_done_cells(tmp_path: P
     ({"shard": "2/2"}, "'--shard'"),
 ])
 def test_run_grid_refuses_bad_settings_before_any_work(tmp_path: Path, kwargs: dict, named: str) -> None:
-    from test_grid import write_grid
-
     path = write_grid(tmp_path / "g.toml", TINY, {"seed": [0]})
     with pytest.raises(ConfigError, match=re.escape(named)):
         dfbench.run_grid(path, out=tmp_path / "runs", **kwargs)
@@ -122,6 +118,7 @@ def test_bad_settings_raise_config_error_naming_the_key(tmp_path: Path, settings
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_run_returns_the_folder_and_a_rerun_skips_training(tmp_path: Path, tiny_data, monkeypatch) -> None:
     # prepare
     settings = {**TINY, "method": "fedavg", "seed": 1}

@@ -31,6 +31,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # -- pieces on hand-built tensors --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_functional_adam_equals_torch_adam_row_by_row():
     # prepare: 3 clients x 7 parameters, a few steps of gradients, one coordinate never gets a gradient
     g = torch.Generator().manual_seed(0)
@@ -125,6 +126,7 @@ def test_lockstep_groups_split_stragglers_objectives_and_chunks():
 
 # -- the lockstep step against local_train ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_lockstep_equals_local_train_with_mask_prox_and_clipping(tiny_data):
     # prepare: three clients in one group: plain, pruned (masked), FedProx; clipping active.
     # small28, not tiny: tiny's 1-channel GroupNorm groups make some gradients exactly zero in
@@ -154,6 +156,7 @@ def test_lockstep_equals_local_train_with_mask_prox_and_clipping(tiny_data):
 
 # -- the acceptance: whole rounds through the loop ----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedavg", "random_prune"])
 def test_batched_rounds_equal_sequential_rounds(method, tiny_data):
     # prepare: 5 clients, 2 of them stragglers (1 step instead of 2), lockstep groups of at most 2
@@ -185,6 +188,7 @@ def test_batched_rounds_equal_sequential_rounds(method, tiny_data):
         assert s["sigma1_sq"] is not None and math.isfinite(s["sigma1_sq"])  # 1-step stragglers give no estimate, not NaN
 
 
+@pytest.mark.slow
 def test_batched_fedprox_round_equals_sequential(tiny_data):
     finals = {}
     for mode in ("sequential", "batched"):

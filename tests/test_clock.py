@@ -98,6 +98,7 @@ def test_a_run_records_the_hand_computed_round_times(tmp_path, tiny_data):
     assert metrics["sim_seconds"] == pytest.approx(2 * max(want), rel=1e-6) and metrics["client_images"] == pytest.approx(128)
 
 
+@pytest.mark.slow
 def test_the_deadline_drops_the_slow_tier_and_a_loose_one_changes_nothing(tmp_path, tiny_data):
     base = run(tiny_config(over=SLOW), tmp_path / "base", data=tiny_data, progress=False)
     fast_secs = min(_rows(base)[0]["client_seconds"])

@@ -6,10 +6,13 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
+
+pytestmark = pytest.mark.slow  # whole runs compared by the script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
 

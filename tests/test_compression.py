@@ -373,6 +373,7 @@ def _layout_of(cfg, data) -> Layout:
     return build_context(cfg, data=data).layout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,params", [
     ("topk_update", {"fraction": 1.0}),
     ("topk_update", {"fraction": 1.0, "scope": "global", "error_feedback": False}),
@@ -430,6 +431,7 @@ def test_majority_vote_runs_and_moves_every_entry_by_the_tensors_mean_scale(tmp_
     assert _rows(d)[0]["client_uplink_bits"] == [layout.total + 32 * len(layout.numels)] * 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,params", [("topk_update", {"fraction": 0.1}), ("signsgd", {}),
                                          ("qsgd", {"error_feedback": True}), ("powersgd", {"rank": 2})])
 def test_partial_participation_leaves_a_sitting_out_clients_memory_unchanged(name, params, tmp_path, tiny_data):
@@ -450,6 +452,7 @@ def test_partial_participation_leaves_a_sitting_out_clients_memory_unchanged(nam
     assert len(took_part) == 2 and any(k not in took_part for k in r2["ef_residual"])
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:took over the stale lock")  # the killed run left its lock behind
 @pytest.mark.parametrize("name,params", [("topk_update", {"fraction": 0.1}), ("powersgd", {"rank": 2})])
 def test_error_feedback_memory_survives_a_sigkill_and_resumes_bitwise(name, params, tmp_path, tiny_data):
@@ -474,6 +477,7 @@ def test_error_feedback_memory_survives_a_sigkill_and_resumes_bitwise(name, para
     assert _rows(d) == _rows(ref)
 
 
+@pytest.mark.slow
 def test_powersgd_factor_downlink_charges_the_broadcast_only_to_clients_of_the_previous_round(tmp_path, tiny_data):
     # prepare: 4 rounds of 2 of 4 clients, rank 2; the broadcast B = 32 + K (32 + F) + U with K = 2
     over = {"train.rounds": 4, "system.participation": 0.5}
@@ -502,6 +506,7 @@ def test_powersgd_factor_downlink_charges_the_broadcast_only_to_clients_of_the_p
     assert [r["client_loss"] for r in rows] == [r["client_loss"] for r in full]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,params", [("topk_update", {"fraction": 0.1}), ("signsgd", {}), ("powersgd", {"rank": 2})])
 def test_the_asynchronous_driver_runs_them_and_is_the_synchronous_round_when_nothing_is_stale(name, params, tmp_path, tiny_data):
     over = {"train.rounds": 2}
@@ -510,6 +515,7 @@ def test_the_asynchronous_driver_runs_them_and_is_the_synchronous_round_when_not
     assert torch.equal(final_params(buff), final_params(sync))
 
 
+@pytest.mark.slow
 def test_ledger_counts_each_methods_stated_bits(tmp_path, tiny_data):
     # prepare: one round each; the bit formulas of the module docstrings, on the real tiny layout
     over = {"train.rounds": 1}

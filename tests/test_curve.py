@@ -16,6 +16,8 @@ from dfbench.benchmark.core.config import ConfigError, config_hash
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, run_then_sigkill, tiny_config
 
+pytestmark = pytest.mark.slow  # whole runs with quality curves, one killed and resumed
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 CURVE = {"eval.metrics": "fd_fmnist", "eval.every": 2, "eval.curve_samples": 12, "train.rounds": 4, "checkpoint_every": 2}

@@ -39,6 +39,8 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
+pytestmark = pytest.mark.slow  # 2 gloo rank processes per run
+
 HERE = Path(__file__).resolve().parent
 WORKER_LIMIT_S = 240  # hard bound on a launch: a hang fails the test instead of the suite
 SECOND_METHOD = "random_prune" if "random_prune" in methods.list_methods() else "fedprox"

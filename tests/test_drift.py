@@ -150,6 +150,7 @@ def test_missing_drift_is_not_written_while_another_process_holds_the_run(tmp_pa
     assert json.loads((rnd / "metrics.json").read_text())["drift"]["reference"] == str(fed.relative_to(tmp_path))
 
 
+@pytest.mark.slow
 def test_evaluation_writes_drift_into_metrics_json(tmp_path, tiny_data):
     # prepare / execute: the reference first (as a grid orders FedAvg first), then a pruned run
     fed = lifecycle.run(tiny_config("fedavg"), tmp_path, data=tiny_data, progress=False)

@@ -33,6 +33,7 @@ def gpu_trained_run(tmp_path, tiny_data, monkeypatch):
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regenerate", [False, True], ids=["saved-samples", "regenerated-samples"])
 def test_a_gpu_trained_run_is_scored_on_this_cpu_machine(gpu_trained_run, capsys, regenerate):
     d = gpu_trained_run

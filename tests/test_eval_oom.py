@@ -21,13 +21,14 @@ from dfbench.benchmark.cli import main
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine import evaluate, lifecycle
 from dfbench.benchmark.metrics import scoring
-from helpers import tiny_config
+from helpers import tiny_config, write_grid
 
 CUDA_SAID = "CUDA out of memory. Tried to allocate 2.00 GiB"
 EXPERTS = ("experts", {"num_experts": 2, "objectives": "ddpm,fm", "mixing": "full", "router_steps": 20, "router_batch": 16},
            {"train.objective": "fm", "data.clients": 3})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, params, over", [("fedavg", None, {}), EXPERTS], ids=["fedavg", "experts"])
 def test_evaluation_out_of_memory_names_the_eval_batches_and_the_rerun_only_evaluates(
         tmp_path, tiny_data, monkeypatch, method, params, over):
@@ -69,6 +70,7 @@ def test_evaluation_out_of_memory_names_the_eval_batches_and_the_rerun_only_eval
     assert np.array_equal(np.load(d / runfolder.SAMPLES)["images"], np.load(ref / runfolder.SAMPLES)["images"])
 
 
+@pytest.mark.slow
 def test_dfbench_eval_out_of_memory_names_the_eval_batches_and_keeps_the_run_as_it_was(
         tmp_path, tiny_data, monkeypatch, capsys):
     monkeypatch.setattr(datasets, "load", lambda name, split="train", root=None, **kw: tiny_data)
@@ -119,8 +121,6 @@ def oom_in_training(monkeypatch):
 
 
 def test_a_grid_frees_gpu_memory_after_an_out_of_memory_cell_once_its_tensors_are_gone(tmp_path, tiny_data, oom_in_training):
-    from test_grid import write_grid
-
     from dfbench.benchmark.grid.runner import run_grid
     from dfbench.benchmark.grid.spec import load_grid
     from helpers import TINY

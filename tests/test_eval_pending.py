@@ -20,6 +20,7 @@ def no_weights(tmp_path, monkeypatch):
     monkeypatch.delenv("DFBENCH_INCEPTION_WEIGHTS", raising=False)
 
 
+@pytest.mark.slow
 def test_missing_inception_weights_leave_a_done_run_with_the_placement_message(tmp_path, tiny_data, no_weights, monkeypatch, capsys):
     # execute: train, then evaluation finds no weights
     d = run(tiny_config(over={"eval.metrics": "fid"}), tmp_path, data=tiny_data, progress=False)

@@ -266,6 +266,7 @@ def test_bad_arguments_are_rejected_with_clear_errors(kwargs, error, match):
 # ------------------------------------------------------------ fmnist, real data
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_committed_fmnist_classifier_is_pinned_and_accurate():
     from dfbench import datasets
@@ -283,6 +284,7 @@ def test_committed_fmnist_classifier_is_pinned_and_accurate():
     assert float((predictions == test.labels[:2000]).float().mean()) >= 0.88
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_fd_fmnist_grows_monotonically_with_noise_on_real_images(tmp_path, monkeypatch):
     from dfbench import datasets

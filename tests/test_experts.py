@@ -215,6 +215,7 @@ def runs(tmp_path_factory, tiny_data):
     }
 
 
+@pytest.mark.slow
 def test_one_expert_is_fedavg_bit_for_bit(runs):
     # training: the one expert's parameters equal FedAvg's global model
     assert torch.equal(final_params(runs["k1"])[0], final_params(runs["fedavg"]))
@@ -223,6 +224,7 @@ def test_one_expert_is_fedavg_bit_for_bit(runs):
     assert np.array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_compute_matches_fedavg_and_nothing_crosses_between_experts(runs):
     fed, exp = read_rounds(runs["fedavg"]), read_rounds(runs["k2"])
     assert [r["clients"] for r in exp] == [r["clients"] for r in fed]
@@ -239,6 +241,7 @@ def test_compute_matches_fedavg_and_nothing_crosses_between_experts(runs):
     assert m["experts"]["clients_per_expert"] == [2, 1] and m["experts"]["objectives"] == ["ddpm", "fm"]
 
 
+@pytest.mark.slow
 def test_mixed_run_writes_grid_metrics_and_checkpoints_the_router(runs, tiny_data, monkeypatch):
     d = runs["k2"]
     assert json.loads((d / "status.json").read_text())["state"] == "done"

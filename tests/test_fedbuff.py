@@ -15,6 +15,8 @@ from dfbench.benchmark.engine.asynchronous import staleness_weight
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, run_then_sigkill, tiny_config
 
+pytestmark = pytest.mark.slow  # whole asynchronous runs, one killed and resumed
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 FEDBUFF = {"train.driver": "fedbuff"}

@@ -200,6 +200,7 @@ def our_inception_features(random_inception_home, tiny_images):
     return extractor, extractor.features(tiny_images, batch_size=3)
 
 
+@pytest.mark.slow
 def test_inception_features_equal_pytorch_fid_activations(random_inception, tiny_images, our_inception_features):
     from pytorch_fid.inception import InceptionV3
 
@@ -214,6 +215,7 @@ def test_inception_features_equal_pytorch_fid_activations(random_inception, tiny
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_inception_features_do_not_depend_on_batch_size(our_inception_features, tiny_images):
     extractor, full_batch = our_inception_features
     np.testing.assert_allclose(extractor.features(tiny_images, batch_size=2), full_batch, atol=1e-5, rtol=1e-5)

@@ -121,6 +121,7 @@ def real_and_noise_scores(tmp_path_factory) -> dict[str, dict[str, dict]]:
     return out
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_fd_fmnist_ae_of_real_images_is_small_next_to_that_of_noise(real_and_noise_scores):
     real, noise = real_and_noise_scores["real"]["fd_fmnist_ae"], real_and_noise_scores["noise"]["fd_fmnist_ae"]
@@ -128,6 +129,7 @@ def test_fd_fmnist_ae_of_real_images_is_small_next_to_that_of_noise(real_and_noi
     assert 0 < real["value"] < 0.02 * noise["value"], (real["value"], noise["value"])
 
 
+@pytest.mark.slow
 @needs_fmnist
 @pytest.mark.parametrize("metric", ["kid_fmnist", "kid_fmnist_ae"])
 def test_kid_of_real_images_is_near_zero_and_of_noise_large(real_and_noise_scores, metric):

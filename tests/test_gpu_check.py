@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PY_SCRIPT = ROOT / "scripts" / "gpu_check.py"
 SH_SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -180,6 +182,7 @@ def test_flags_step_keeps_the_items_of_a_probe_that_died(tmp_path: Path) -> None
 # -- the acceptance test: the whole CPU dry mode --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cpu_dry_mode_passes_offline_and_reports_the_flags(tmp_path: Path) -> None:
     report = tmp_path / "gpu-check-cpu.md"
     t0 = time.monotonic()

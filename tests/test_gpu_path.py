@@ -88,6 +88,7 @@ def test_the_committed_cpu_studies_keep_their_run_ids(study, csv):
     assert committed and committed <= ids, sorted(committed - ids)
 
 
+@pytest.mark.slow
 def test_a_resume_on_another_device_type_is_refused_before_any_work(tiny_data, tmp_path):
     """A folder trained on the CPU, presented as the CUDA run's folder (copied by hand): refused with
     a message, and nothing in it is touched."""
@@ -108,6 +109,7 @@ def test_a_resume_on_another_device_type_is_refused_before_any_work(tiny_data, t
     assert after == before
 
 
+@pytest.mark.slow
 def test_numerics_json_records_every_start(tiny_data, tmp_path):
     from dfbench.benchmark.engine import lifecycle
 

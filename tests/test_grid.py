@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,19 +12,7 @@ from dfbench.benchmark.grid import plan as P, runner as R, spec as S
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.cli import main
 from dfbench.benchmark.core.config import ConfigError
-from helpers import TINY
-
-
-def write_grid(path: Path, base: dict[str, Any], axes: dict[str, list[Any]] | None = None,
-               cells: list[dict[str, Any]] | None = None, name: str = "t") -> Path:
-    """A grid TOML file (JSON scalars are valid TOML scalars)."""
-    lines = [f'name = "{name}"', "[base]"] + [f'"{k}" = {json.dumps(v)}' for k, v in base.items()]
-    if axes:
-        lines += ["[axes]"] + [f'"{k}" = {json.dumps(v)}' for k, v in axes.items()]
-    for c in cells or []:
-        lines += ["[[cells]]"] + [f'"{k}" = {json.dumps(v)}' for k, v in c.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+from helpers import TINY, write_grid
 
 
 def seeds_grid(tmp_path: Path, rounds: int = 2) -> S.Grid:
@@ -34,6 +21,7 @@ def seeds_grid(tmp_path: Path, rounds: int = 2) -> S.Grid:
 
 # -- the shipped grids -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", S.builtin_grids())
 def test_shipped_grid_validates(name):
     grid = S.load_grid(name)
@@ -50,6 +38,7 @@ def test_demo_covers_every_method_family_and_the_baseline_within_its_budget():
     assert sum(P.estimate_cost(c.cfg).cpu_seconds for c in grid.cells) < 6 * 60
 
 
+@pytest.mark.slow
 def test_full_grid_is_methods_x_datasets_x_partitions_x_seeds_plus_baselines():
     cells = S.load_grid("full").cells
     trained = [c for c in cells if c.cfg.train.rounds > 0]
@@ -253,6 +242,7 @@ def _record_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+@pytest.mark.slow
 def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data, monkeypatch):
     grid, out = seeds_grid(tmp_path), tmp_path / "runs"
     lines: list[str] = []
@@ -287,6 +277,7 @@ def test_a_failing_cell_is_isolated_and_a_rerun_runs_only_it(tmp_path, tiny_data
     assert seen == [1, 0]
 
 
+@pytest.mark.slow
 def test_unfinished_and_missing_cells_run_done_and_diverged_are_skipped(tmp_path, tiny_data, monkeypatch):
     from dfbench.benchmark.core import runfolder
 
@@ -356,6 +347,7 @@ def test_dry_run_shows_which_cells_are_locked_and_by_whom(tmp_path, capsys):
     assert "to run: 3 cell(s)" in text and "busy: 1 cell(s) locked by a live process" in text
 
 
+@pytest.mark.slow
 def test_a_worker_runs_longest_first_and_leaves_locked_cells_to_their_owner(tmp_path, tiny_data, monkeypatch):
     from dfbench.benchmark.core.lock import RunLock
 
@@ -386,6 +378,7 @@ def test_a_worker_runs_longest_first_and_leaves_locked_cells_to_their_owner(tmp_
     assert order == [(1, 0), (1, 1), (2, 0), (2, 1)]
 
 
+@pytest.mark.slow
 def test_a_cell_a_peer_finished_after_this_worker_started_is_not_rerun_even_with_force(tmp_path, tiny_data, monkeypatch):
     from dfbench.benchmark.core import runfolder
 

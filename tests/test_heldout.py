@@ -18,6 +18,8 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine import evaluate, heldout, lifecycle
 from helpers import tiny_config
 
+pytestmark = pytest.mark.slow  # whole runs, trained and re-scored
+
 
 def test_the_loss_is_the_mean_squared_velocity_error_of_a_hand_computation_in_float64():
     # prepare: 5 images of 2x3x3, 3 times, and a velocity field that is an affine map of (x_t, t)

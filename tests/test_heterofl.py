@@ -15,8 +15,7 @@ from dfbench.benchmark.engine.lifecycle import run
 from dfbench.benchmark.engine.model import PRESETS, UNet, flatten_
 from dfbench.methods.pruning import weight_macs
 from dfbench.benchmark.core.config import ConfigError
-from helpers import final_params, tiny_config
-from test_serveropt import rows, sigkill_then_resume
+from helpers import final_params, rows, sigkill_then_resume, tiny_config
 
 # The tiny preset (channels 8, mults (1, 2), one block): the up-path ResBlocks read cat([h, skip]);
 # (width of h, width of skip) worked out by hand from the architecture, full model.
@@ -68,6 +67,7 @@ def test_the_client_forward_is_the_narrow_network_with_the_same_weights(tiny_dat
     assert sub.trained_params == sum(q.numel() for q in narrow.parameters())
 
 
+@pytest.mark.slow
 def test_the_client_reads_and_trains_only_the_kept_channels(tiny_data):
     # prepare: small28 (with the mid-block attention: its [q | k | v] blocks are cut separately)
     ctx = _ctx(tiny_data, "small28")
@@ -98,6 +98,7 @@ def test_flop_fraction_is_the_measured_one(tiny_data):
     assert 0.24 < sub.flop_fraction < 0.27  # ~ r^2 = 0.25 (the first and last convs keep full inputs/outputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [{"method.rate": 1.0}, {"system.capacity": "1.0:1.0"}])
 def test_every_client_at_rate_1_is_fedavg_bitwise(tmp_path, tiny_data, setting):
     over = {"train.rounds": 2, "system.participation": 0.5}
@@ -106,6 +107,7 @@ def test_every_client_at_rate_1_is_fedavg_bitwise(tmp_path, tiny_data, setting):
     assert torch.equal(got, ref)
 
 
+@pytest.mark.slow
 def test_tiers_give_rates_and_the_server_averages_over_holders(tmp_path, tiny_data):
     # rate 1/2 for everyone: entries nobody holds keep their initial value, held ones move
     ctx = _ctx(tiny_data)
@@ -142,6 +144,7 @@ def test_batched_mode_is_refused_before_any_data_when_a_client_is_narrow():
     tiny_config("heterofl", {"rate": 1.0}, {"train.clients_mode": "batched"})  # rate 1 is FedAvg: allowed
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:took over the stale lock")  # the killed run left its lock behind
 def test_heterofl_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     over = {"method": "heterofl", "train.rounds": 3, "checkpoint_every": 1, "system.capacity": "1.0:0.5,0.5:0.5"}

@@ -20,6 +20,7 @@ def _rows(d):
     return [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_participation_dropout_and_stragglers_show_up_in_rounds_jsonl(tmp_path, tiny_data):
     # execute
     d = run(tiny_config(over=OVER), tmp_path / "a", data=tiny_data, progress=False)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from test_report import fd, make_run
+from helpers import fd, make_run
+
+pytestmark = pytest.mark.slow  # a real browser over whole reports
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

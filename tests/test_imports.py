@@ -255,6 +255,7 @@ def test_package_import_graph_has_no_cycles(late: bool) -> None:
         " (counting imports inside functions: a late import hides a circle, it does not remove it)" if late else "")
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     """Each module imported first, alone: a circle or a missing name would raise ImportError."""
     names = sorted(n for n in package_modules() if not n.endswith(".__main__"))  # __main__ runs the CLI

@@ -28,6 +28,8 @@ from dfbench.benchmark.engine import evaluate, lifecycle
 from dfbench.methods.pruning import INFERENCE_MODES
 from helpers import load_script, tiny_config
 
+pytestmark = pytest.mark.slow  # whole pruning runs scored under every rule
+
 ROOT = Path(__file__).resolve().parents[1]
 PRUNERS = {"random_prune": "scaled", "topk_prune": "submodel"}  # method -> its default (configured) rule
 SCORED = {"eval.metrics": "fd_fmnist"}

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh venv
+
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "hf-stand-in"
 TOP_LEVEL_NAMES = ("datasets", "benchmark", "methods")

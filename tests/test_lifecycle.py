@@ -27,7 +27,9 @@ from dfbench.benchmark.cli import build_parser, config_from_args
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.lock import read_lock
 from dfbench.benchmark.engine import lifecycle
-from helpers import final_params
+from helpers import final_params, write_grid
+
+pytestmark = pytest.mark.slow  # real dfbench processes: SIGTERM, a full disk, corrupt files
 
 HERE = Path(__file__).resolve().parent
 LIMIT_S = 120
@@ -182,7 +184,6 @@ def test_sigterm_to_a_grid_worker_leaves_its_cell_interrupted_and_the_grid_resum
     from dfbench.benchmark.grid import plan, spec
     from dfbench.benchmark.grid.runner import run_grid
     from helpers import TINY
-    from test_grid import write_grid
 
     path = write_grid(tmp_path / "one.toml", {**TINY, "data.clients": 2, "train.local_steps": 1, "checkpoint_every": 1,
                                               "train.sigma1_probe_steps": 0, "train.rounds": 3}, {"seed": [0]})

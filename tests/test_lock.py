@@ -159,6 +159,7 @@ lk.release()
 """
 
 
+@pytest.mark.slow
 def test_concurrent_takeover_of_one_stale_lock_has_exactly_one_winner(tmp_path):
     # six processes judge the same stale lock at the same moment; rename-aside + check + O_EXCL lets one win
     folder = tmp_path / "run"
@@ -186,6 +187,7 @@ def _leftovers(d: Path) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_run_releases_its_lock_when_done_failed_or_interrupted(tmp_path, tiny_data, monkeypatch):
     cfg = tiny_config(over={"train.rounds": 2})
     d = lifecycle.run(cfg, tmp_path / "ok", data=tiny_data, progress=False)
@@ -204,6 +206,7 @@ def test_run_releases_its_lock_when_done_failed_or_interrupted(tmp_path, tiny_da
         assert runfolder.read_status(d)["state"] == state and not _leftovers(d)
 
 
+@pytest.mark.slow
 def test_a_locked_run_is_refused_on_entry_and_waited_for_with_wait(tmp_path, tiny_data):
     cfg = tiny_config(over={"train.rounds": 1})
     d = runfolder.run_dir(tmp_path, cfg)
@@ -221,6 +224,7 @@ def test_a_locked_run_is_refused_on_entry_and_waited_for_with_wait(tmp_path, tin
     assert time.perf_counter() - t0 >= 0.4 and runfolder.read_status(d)["state"] == "done"
 
 
+@pytest.mark.slow
 def test_gpu_out_of_memory_fails_the_run_naming_the_settings_and_leaves_nothing_behind(tmp_path, tiny_data, monkeypatch):
     # prepare: the training step runs out of GPU memory in round 2 (raised on the CPU)
     cfg = tiny_config(over={"train.rounds": 3, "train.batch_size": 8, "train.clients_mode": "batched", "train.client_batch": 2,
@@ -251,6 +255,7 @@ def test_gpu_out_of_memory_fails_the_run_naming_the_settings_and_leaves_nothing_
     assert not _leftovers(d)
 
 
+@pytest.mark.slow
 def test_a_run_whose_lock_was_taken_over_stops_writing(tmp_path, tiny_data, monkeypatch):
     # prepare: in round 2 another process presumes this one dead and takes its lock over
     monkeypatch.setenv(L.STALE_ENV, "2")  # heartbeat every 0.2 s

@@ -71,6 +71,7 @@ def test_fedavg_aggregation_equals_hand_computed_weighted_mean():
     assert torch.allclose(new.params, torch.full((4,), 17 / 6))
 
 
+@pytest.mark.slow
 def test_fedprox_mu_zero_equals_fedavg_and_mu_pulls_towards_global(tmp_path, tiny_data):
     base = final_params(run(tiny_config("fedavg"), tmp_path / "a", data=tiny_data, progress=False))
     prox0 = final_params(run(tiny_config("fedprox", {"mu": 0.0}), tmp_path / "b", data=tiny_data, progress=False))
@@ -80,6 +81,7 @@ def test_fedprox_mu_zero_equals_fedavg_and_mu_pulls_towards_global(tmp_path, tin
     assert (strong - init).norm() < (base - init).norm()
 
 
+@pytest.mark.slow
 def test_run_folder_contents_and_same_seed_same_grid(tmp_path, tiny_data):
     cfg = tiny_config()
     d1 = run(cfg, tmp_path / "a", data=tiny_data, progress=False)
@@ -106,6 +108,7 @@ def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
     assert not torch.equal(a, fixed_noise(10, (1, 4, 4), base=1))
 
 
+@pytest.mark.slow
 def test_samples_barely_depend_on_the_sampling_batch(tiny_data):
     # the sampling batch (diffusion.SAMPLE_BATCH) is a speed knob: an image's sample depends on its
     # batch neighbours only through the convolution kernel's choice of algorithm (float rounding)

@@ -116,6 +116,7 @@ def _pooled(rows: list[dict], metric: str) -> dict:
     return row
 
 
+@pytest.mark.slow
 def test_no_leakage_interval_holds_one_half():
     # prepare: members and nonmembers from one distribution, 400 each
     n_m = n_n = 400
@@ -134,6 +135,7 @@ def test_no_leakage_interval_holds_one_half():
     assert covered >= MIN_COVERED
 
 
+@pytest.mark.slow
 def test_shifted_members_interval_excludes_one_half_and_holds_the_true_auc():
     # prepare: members N(1, 1), nonmembers N(0, 1): AUC = P(X - Y > 0) with X - Y ~ N(1, 2) = Phi(1 / sqrt 2)
     true_auc = float(stats.norm.cdf(1 / math.sqrt(2)))  # 0.7602

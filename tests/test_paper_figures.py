@@ -69,6 +69,7 @@ def test_study_rows_put_fedavg_at_keep_one_for_both_families(study_root):
     assert np.allclose(dense["drift_pixel"], 0.0) and np.allclose(dense["drift_features"], 0.0)
 
 
+@pytest.mark.slow
 def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_path):
     paths = paper_figures.build(study_root, tmp_path / "out")
     table = pd_read(tmp_path / "out" / "paper_summary.csv")

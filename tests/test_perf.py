@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dfbench.benchmark.cli import main
+
+pytestmark = pytest.mark.slow  # the whole `dfbench perf` table
 
 
 def test_perf_runs_and_writes_the_table(tmp_path, capsys):

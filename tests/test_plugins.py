@@ -214,6 +214,7 @@ def _fmnist() -> bool:
     return datasets.locate("fmnist", "train") is not None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _fmnist(), reason="Fashion-MNIST files not on this machine")
 def test_plugin_methods_run_through_run_grid_report_and_the_contract_test(tmp_path):
     # prepare: plugin A installed (its entry point), plugin B a module on PYTHONPATH only

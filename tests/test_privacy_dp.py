@@ -114,6 +114,7 @@ def test_noise_has_the_stated_standard_deviation(tiny_data):
     assert abs(z.mean()) < 5 * stated / math.sqrt(n)
 
 
+@pytest.mark.slow
 def test_epsilon_is_the_accountants_own_answer(tmp_path, tiny_data):
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
@@ -148,6 +149,7 @@ def test_epsilon_is_the_accountants_own_answer(tmp_path, tiny_data):
     assert privacy.epsilon(1.0, 0.0, 3, 1e-4) == math.inf and privacy.epsilon(1.0, 1.0, 0, 1e-4) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,params,weighting", [("fedavg", {}, "uniform"), ("fedavg", {}, "size"),
                                                    ("quantized", {"bits": 4}, "size"), ("fedprox", {"mu": 0.01}, "uniform")])
 def test_no_noise_and_no_clipping_equals_the_method_without_dp_bitwise(tmp_path, tiny_data, name, params, weighting):

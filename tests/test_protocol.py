@@ -65,6 +65,7 @@ def test_a_refused_run_writes_no_folder(tmp_path, memory_method, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_per_client_state_survives_sitting_out_and_a_resume_bitwise(tmp_path, tiny_data, memory_method, monkeypatch):
     # prepare: 4 clients, half of them per round, a checkpoint every round
     over = {"train.rounds": 4, "checkpoint_every": 1, "system.participation": 0.5}

@@ -18,6 +18,8 @@ from dfbench.benchmark.engine.context import build_context
 from dfbench.methods.pruning import magnitude_mask, prunable_tensors
 from helpers import load_script, final_params, tiny_config
 
+pytestmark = pytest.mark.slow  # whole pruning runs
+
 
 
 def _script():

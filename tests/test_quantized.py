@@ -230,6 +230,7 @@ def test_ledger_counts_exact_bits_per_client_and_round(tmp_path, tiny_data, meth
     assert metrics["downlink_bits"] == len(rows) * 2 * 32 * P
 
 
+@pytest.mark.slow
 def test_sixteen_bit_run_matches_fedavg_within_float16_error(tmp_path, tiny_data):
     # prepare: one round, so both start from the same model and train identically
     over = {"train.rounds": 1}
@@ -241,6 +242,7 @@ def test_sixteen_bit_run_matches_fedavg_within_float16_error(tmp_path, tiny_data
     assert (q16 - ref).abs().max() <= 2.0**-11 * (ref - init).abs().max()
 
 
+@pytest.mark.slow
 def test_nan_client_is_dropped_and_never_reaches_the_global_model(tmp_path, tiny_data, monkeypatch):
     # prepare: client 0's local training (recognised by its sample indices) returns NaN every round
     cfg = tiny_config("quantized", {"bits": 4, "error_feedback": True}, {"train.rounds": 3})
@@ -265,6 +267,7 @@ def test_nan_client_is_dropped_and_never_reaches_the_global_model(tmp_path, tiny
     assert all(torch.isfinite(e).all() for e in residuals.values())
 
 
+@pytest.mark.slow
 def test_error_feedback_residuals_survive_checkpoint_and_resume(tmp_path, tiny_data):
     # prepare: a 4-round run with a checkpoint every round
     cfg = tiny_config("quantized", {"bits": 2, "error_feedback": True, "rounding": "stochastic"},

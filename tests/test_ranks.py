@@ -15,10 +15,12 @@ matplotlib.use("Agg")
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
-from test_report import fd, make_run  # noqa: E402
 
 from dfbench.benchmark.report.build import build_report, collect  # noqa: E402
 from dfbench.benchmark.metrics.uncertainty import tie_ranks  # noqa: E402
+from helpers import fd, make_run  # noqa: E402
+
+pytestmark = pytest.mark.slow  # whole reports
 
 CI = "95% basic bootstrap over generated samples (reference fixed)"
 

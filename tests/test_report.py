@@ -24,55 +24,9 @@ from dfbench.benchmark.report.build import (  # noqa: E402
     parse_alpha,
     read_run,
 )
+from helpers import fd, make_run  # noqa: E402
 
-BUDGET = {"clients": 4, "rounds": 3, "local_steps": 2, "batch_size": 8, "lr": 1e-3, "participation": 1.0}
-
-
-def make_run(
-    root: Path,
-    run_id: str,
-    *,
-    dataset: str = "fmnist",
-    partition: str = "iid",
-    method: str = "fedavg",
-    params: dict[str, Any] | None = None,
-    seed: int = 0,
-    state: str = "done",
-    error: str | None = None,
-    evaluations: list[dict[str, Any]] | None = None,
-    uplink_bits: int = 80_000_000,
-    rounds: int = 3,
-    grid_color: tuple[int, int, int] | None = (200, 30, 30),
-    extra_metrics: dict[str, Any] | None = None,
-) -> Path:
-    """Write one run folder in the documented layout."""
-    d = root / dataset / partition.replace(":", "-") / method / run_id
-    d.mkdir(parents=True)
-    config = {"run_id": run_id, "dataset": dataset, "partition": partition, "method": method,
-              "method_params": params or {}, "seed": seed, **BUDGET, "rounds": rounds}
-    (d / "config.json").write_text(json.dumps(config))
-    status: dict[str, Any] = {"state": state}
-    if error is not None:
-        status["error"] = error
-    (d / "status.json").write_text(json.dumps(status))
-    if state == "done":
-        metrics = {"evaluations": evaluations or [], "uplink_bits": uplink_bits, "downlink_bits": uplink_bits,
-                   "wall_seconds": 60.0, "rounds": rounds, "gamma_star": None, "w2_mean": None,
-                   "dropped_updates": 0, **(extra_metrics or {})}
-        (d / "metrics.json").write_text(json.dumps(metrics))
-        with open(d / "rounds.jsonl", "w") as f:
-            for r in range(1, rounds + 1):
-                f.write(json.dumps({"round": r, "clients": [0, 1, 2, 3], "loss": 1.0 / r + seed * 0.01,
-                                    "uplink_bits": uplink_bits // max(rounds, 1), "gamma_star": r, "w2": 0.1}) + "\n")
-        if grid_color is not None:
-            Image.new("RGB", (64, 64), grid_color).save(d / "grid.png")
-    return d
-
-
-def fd(value: float, **extra: Any) -> dict[str, Any]:
-    return {"metric": "fd_fmnist", "value": value, "std_err": None, "extractor": "fmnist_cnn",
-            "extractor_sha256": "ab" * 32, "backend": "dfbench", "num_samples": 1000, "sampler": "ddim",
-            "sampler_steps": 20, "reference": "test", "resize": "none", **extra}
+pytestmark = pytest.mark.slow  # whole reports (plots, mosaics, HTML)
 
 
 @pytest.fixture(scope="module")

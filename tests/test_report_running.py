@@ -9,12 +9,16 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.lock import RunLock
 from dfbench.benchmark.report.build import build_report
 from dfbench.benchmark.report.run_folders import load_runs
-from helpers import tiny_config
+from helpers import SMALL, TINY, start_workers, tiny_config, wait_workers, write_grid
+
+pytestmark = pytest.mark.slow  # real grid workers and whole reports
 
 
 def test_running_unfinished_and_half_written_folders_are_listed_not_fatal(tmp_path, tiny_data, monkeypatch):
@@ -65,16 +69,11 @@ def test_running_unfinished_and_half_written_folders_are_listed_not_fatal(tmp_pa
 def test_report_while_grid_workers_write_never_crashes_and_sees_running_cells(tmp_path):
     # prepare: two real grid workers on a 4-cell grid, each round slowed down so the report
     # reads folders in every stage (locked only, config only, running, torn rows, done)
-    from test_grid import write_grid
-    from test_workers import SMALL, _start, _wait
-
-    from helpers import TINY
-
     path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL, "train.rounds": 3}, {"seed": [0, 1, 2, 3]})
     runs = tmp_path / "runs"
     runs.mkdir()
     argv = ["grid", str(path), "--out", str(runs), "--no-progress"]
-    procs = _start([{"argv": argv, "trace": str(tmp_path / "trace.txt"), "round_sleep": 0.3}] * 2, tmp_path, delay_s=2)
+    procs = start_workers([{"argv": argv, "trace": str(tmp_path / "trace.txt"), "round_sleep": 0.3}] * 2, tmp_path, delay_s=2)
     # execute: read the folder over and over while they write
     seen: set[str] = set()
     reads, built = 0, False
@@ -86,7 +85,7 @@ def test_report_while_grid_workers_write_never_crashes_and_sees_running_cells(tm
             md = Path(build_report(runs, tmp_path / "mid")["leaderboard_md"]).read_text()
             built = "| running |" in md
         time.sleep(0.05)
-    assert _wait(procs, tmp_path) == [0, 0]
+    assert wait_workers(procs, tmp_path) == [0, 0]
     # assert: running cells were listed while they ran; at the end all four are done
     assert "running" in seen and built and reads > 10, (seen, reads)
     records, failures = load_runs(runs)

@@ -15,6 +15,8 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, run_then_sigkill, tiny_config
 
+pytestmark = pytest.mark.slow  # whole runs, killed and resumed, for every method
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 

@@ -134,6 +134,7 @@ def test_the_cpu_recipe_grid_gives_its_candidates_run_ids():
 PINNED_GRIDS = json.loads((Path(__file__).parent / "data" / "run_ids.json").read_text())["grids"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", list(PINNED_GRIDS))
 def test_a_grid_without_a_committed_leaderboard_keeps_its_pinned_ids(study):
     """tests/data/run_ids.json was written once from the planner; it is compared against, never rewritten."""

@@ -12,10 +12,10 @@ from dfbench import methods
 from dfbench.benchmark.core.config import ConfigError, check_world
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
-from helpers import final_params, local_train_kw, tiny_config
-from test_serveropt import rows, sigkill_then_resume
+from helpers import final_params, local_train_kw, rows, sigkill_then_resume, tiny_config
 
 
+@pytest.mark.slow
 def test_one_client_with_zero_control_variates_is_fedavg_for_the_first_round(tmp_path, tiny_data):
     over = {"data.clients": 1, "train.rounds": 1}
     ref = run(tiny_config("fedavg", over=over), tmp_path / "a", data=tiny_data, progress=False)
@@ -41,6 +41,7 @@ def _one_round_by_hand(ctx, method, state, r):
     return method.apply(state, acc, ctx), plans, locals_
 
 
+@pytest.mark.slow
 def test_control_variates_follow_option_ii(tiny_data):
     # prepare
     cfg = tiny_config("scaffold", over={"train.local_steps": 3, "train.lr": 1e-3})
@@ -104,6 +105,7 @@ def test_a_non_finite_client_keeps_its_control_variate(tiny_data):
     assert torch.equal(state.extra["scaffold_ci"][0], torch.ones(ctx.layout.total))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:took over the stale lock")  # the killed run left its lock behind
 def test_scaffold_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     over = {"method": "scaffold", "train.rounds": 3, "checkpoint_every": 1, "system.participation": 0.5}

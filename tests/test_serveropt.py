@@ -3,11 +3,7 @@ reduction, and bitwise resume after SIGKILL (optimizer state in the checkpoint).
 
 from __future__ import annotations
 
-import json
-import signal
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +12,7 @@ import torch
 from dfbench import methods
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
-from helpers import final_params, tiny_config
+from helpers import final_params, rows, sigkill_then_resume, tiny_config
 
 
 
@@ -107,6 +103,7 @@ def test_a_round_without_reports_leaves_model_and_optimizer_state_alone():
     assert torch.equal(s2.params, s1.params) and torch.equal(s2.extra["server_m"], m_before)
 
 
+@pytest.mark.slow
 def test_fedavgm_without_momentum_and_server_lr_1_is_fedavg_bitwise(tmp_path, tiny_data):
     over = {"train.rounds": 3, "system.participation": 0.5}
     ref = final_params(run(tiny_config("fedavg", over=over), tmp_path / "a", data=tiny_data, progress=False))
@@ -126,6 +123,7 @@ def test_bad_hyperparameters_are_refused_with_the_key(name, params, match):
         methods.create_method(name, **params)
 
 
+@pytest.mark.slow
 def test_batched_clients_give_the_same_server_step(tmp_path, tiny_data):
     over = {"train.rounds": 2}
     seq = final_params(run(tiny_config("fedyogi", over=over), tmp_path / "s", data=tiny_data, progress=False))
@@ -134,28 +132,9 @@ def test_batched_clients_give_the_same_server_step(tmp_path, tiny_data):
     assert torch.allclose(seq, bat, atol=2e-3)
 
 
-# -- SIGKILL mid-run, then resume: bitwise equal to the uninterrupted run (shared by the method tests) --
+# -- SIGKILL mid-run, then resume: bitwise equal to the uninterrupted run (helpers.sigkill_then_resume) --
 
-def sigkill_then_resume(tmp_path: Path, data: Any, over: dict[str, Any], kill_at: int = 2) -> tuple[Path, Path]:
-    """Run `over` uninterrupted, and again killed by SIGKILL after logging round `kill_at` (before
-    its checkpoint), then resumed; returns (reference folder, resumed folder)."""
-    from helpers import run_then_sigkill
-
-    cfg = tiny_config(over=over)
-    ref = run(cfg, tmp_path / "ref", data=data, progress=False)
-    out = tmp_path / "killed"
-    proc = run_then_sigkill(out, over, kill_at)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    d = runfolder.run_dir(out, cfg)
-    assert runfolder.load_checkpoint(d)["round"] == kill_at - 1
-    assert run(cfg, out, data=data, progress=False) == d
-    return ref, d
-
-
-def rows(d: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
-
-
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:took over the stale lock")  # the killed run left its lock behind
 def test_fedadam_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     over = {"method": "fedadam", "train.rounds": 3, "checkpoint_every": 1}

@@ -82,6 +82,7 @@ def test_logit_normal_is_refused_for_ddpm_and_unknown_names():
         tiny_config(over={"train.objective": "fm", "train.time_sampling": "beta"})
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_logit_normal_times(tiny_data, tmp_path):
     from dfbench.benchmark.engine.lifecycle import run
 

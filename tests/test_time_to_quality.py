@@ -67,6 +67,7 @@ def test_the_default_reference_is_plain_fedavg_and_ambiguity_names_the_fix():
         time_to_quality_table(*_frames(), "fd", "fd_fmnist", reference="nope")
 
 
+@pytest.mark.slow
 def test_end_to_end_on_run_folders_sync_against_fedbuff(tmp_path, monkeypatch, tiny_data, capsys):
     from dfbench.benchmark.engine.lifecycle import run
     from helpers import tiny_config

@@ -28,7 +28,9 @@ from dfbench.benchmark.core.config import ConfigError
 from dfbench.benchmark.engine.lifecycle import run
 from dfbench.benchmark.tracking import base
 from dfbench.benchmark.tracking.base import hyperparameters, stable_id
-from helpers import tiny_config
+from helpers import tiny_config, write_grid
+
+pytestmark = pytest.mark.slow  # whole runs logged to every tracker
 
 TESTS = Path(__file__).parent
 GROUP = "trk-test"
@@ -448,8 +450,6 @@ def test_unknown_tracker_names_are_refused_before_any_work(env, tmp_path, capsys
 
 
 def test_a_grid_logs_every_cell_in_its_own_group_and_workers_get_the_trackers(env, tmp_path):
-    from test_grid import write_grid
-
     from dfbench.benchmark.cli import build_parser
     from dfbench.benchmark.grid.spec import load_grid
     from dfbench.benchmark.grid.workers import run_with_workers, worker_argv

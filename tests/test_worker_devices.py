@@ -14,7 +14,7 @@ from dfbench.benchmark.cli import main
 from dfbench.benchmark.grid import fetch, workers
 from dfbench.benchmark.grid import spec as S
 from dfbench.benchmark.grid.runner import GridSummary
-from helpers import TINY
+from helpers import TINY, write_grid
 
 
 class _Proc:
@@ -56,8 +56,6 @@ def _device_flags(argv: list[str]) -> list[str]:
 
 
 def _grid_file(tmp_path, device=None):
-    from test_grid import write_grid
-
     base = {**TINY, **({"device": device} if device else {})}
     return write_grid(tmp_path / "g.toml", base, {"seed": [0, 1]})
 

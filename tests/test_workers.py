@@ -1,23 +1,17 @@
 """Many processes, one results folder: real `dfbench` processes racing on runs and grids.
 
-Each process is this file run as a script: it swaps the dataset for the small synthetic one
-(conftest.make_imageset), records every round it trains in a shared trace file, optionally
-sleeps in each round (so that runs overlap however slowly the machine starts them) or SIGKILLs
-itself after a checkpoint, waits for a common start time, then calls `dfbench` (cli.main).
+Each process is tests/helpers.py run as a script (helpers.start_workers): it swaps the dataset for
+the small synthetic one (conftest.make_imageset), records every round it trains in a shared trace
+file, optionally sleeps in each round (so that runs overlap however slowly the machine starts them)
+or SIGKILLs itself after a checkpoint, waits for a common start time, then calls `dfbench` (cli.main).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -28,82 +22,14 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.cli import build_parser, config_from_args
 from dfbench.benchmark.core.config import ConfigError
 from dfbench.benchmark.core.lock import LOCK_NAME, read_lock
+from helpers import SMALL, TINY, start_workers, wait_workers, write_grid
 
-HERE = Path(__file__).resolve().parent
-# as small as a run gets (about 0.2 s of CPU a round): the processes, not the training, are under test
-SMALL = {"data.clients": 2, "train.local_steps": 1, "train.sigma1_probe_steps": 0, "checkpoint_every": 1}
+pytestmark = pytest.mark.slow  # real dfbench processes racing on one results folder
+
 RUN_ARGS = ["--dataset", "fmnist", "--clients", "2", "--local-steps", "1", "--batch-size", "8", "--eval-samples", "16",
             "--sampler-steps", "3", "--set", "train.model=tiny", "--set", "eval.metrics=none", "--set", "eval.grid=4",
             "--set", "data.min_client_size=4", "--set", "train.sigma1_probe_steps=0", "--set", "checkpoint_every=1",
             "--no-progress"]
-LIMIT_S = 120
-
-
-# -- the worker (this file run as a script) ---------------------------------------------------
-
-def _worker(spec: dict[str, Any]) -> int:
-    torch.set_num_threads(1)
-    from conftest import make_imageset
-
-    from dfbench import datasets
-    from dfbench.benchmark.cli import main
-
-    data = make_imageset()
-    datasets.load = lambda name, split, root=None, **kw: data  # type: ignore[assignment]
-    real_round, real_save = lifecycle.train_round, runfolder.save_checkpoint
-
-    def train_round(method: Any, state: Any, ctx: Any, r: int) -> Any:
-        with open(spec["trace"], "a") as f:  # one short O_APPEND write per line: lines never interleave
-            f.write(f"{os.getpid()} {ctx.cfg.run_id()} {r}\n")
-        time.sleep(spec.get("round_sleep", 0.0))
-        return real_round(method, state, ctx, r)
-
-    def save_checkpoint(d: Path, round_: int, payload: dict[str, Any], keep: int = 2) -> Path:
-        path = real_save(d, round_, payload, keep)
-        if round_ == spec.get("kill_after_checkpoint"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return path
-
-    lifecycle.train_round, runfolder.save_checkpoint = train_round, save_checkpoint  # type: ignore[assignment]
-    from dfbench.benchmark.grid import workers
-
-    # `dfbench grid --workers N` starts its extra workers as this script too (same data, same trace)
-    worker = {k: v for k, v in spec.items() if k != "python"}  # an extra worker runs the command line it is given
-    workers.worker_command = lambda argv: [sys.executable, __file__, json.dumps({**worker, "argv": argv, "start_at": 0.0})]
-    while time.time() < spec.get("start_at", 0.0):  # every process imported: start together
-        time.sleep(0.005)
-    if "python" in spec:  # dfbench.run_grid(**spec["python"]) instead of the command line
-        import dfbench
-
-        summary = dfbench.run_grid(**spec["python"])
-        print(summary.text())
-        return 0 if summary.ok else 1
-    return main(spec["argv"])
-
-
-def _start(specs: list[dict[str, Any]], logs: Path, delay_s: float = 3.0) -> list[subprocess.Popen]:
-    """Start one process per spec; they begin their command together, `delay_s` from now."""
-    start_at = time.time() + delay_s
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    procs = []
-    for i, spec in enumerate(specs):
-        out = open(logs / f"p{i}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, __file__, json.dumps({**spec, "start_at": start_at})],
-                                      stdout=out, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent))
-        out.close()
-    return procs
-
-
-def _wait(procs: list[subprocess.Popen], logs: Path) -> list[int]:
-    try:
-        return [p.wait(timeout=LIMIT_S) for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail("a worker hung:\n" + "\n".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(logs.glob("*.log"))))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def _trace(path: Path) -> list[tuple[int, str, int]]:
@@ -120,8 +46,8 @@ def test_two_processes_racing_on_one_run_train_it_once(tmp_path):
     # prepare / execute: the same `dfbench run` twice, started at the same moment
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     argv = ["run", *RUN_ARGS, "--rounds", "3", "--out", str(out)]
-    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.5}] * 2, tmp_path)
-    codes = _wait(procs, tmp_path)
+    procs = start_workers([{"argv": argv, "trace": str(trace), "round_sleep": 0.5}] * 2, tmp_path)
+    codes = wait_workers(procs, tmp_path)
     # assert: one trained (exit 0), the other stopped at once (exit 1) naming the owner
     logs = [(tmp_path / f"p{i}.log").read_text() for i in range(2)]
     assert sorted(codes) == [0, 1], logs
@@ -138,17 +64,13 @@ def test_two_processes_racing_on_one_run_train_it_once(tmp_path):
 
 def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path):
     # prepare: 6 cells, three of 2 rounds and three of 1 (so the cost order is visible)
-    from test_grid import write_grid
-
-    from helpers import TINY
-
     path = write_grid(tmp_path / "six.toml", {**TINY, **SMALL}, {"train.rounds": [1, 2], "seed": [0, 1, 2]})
     grid = S.load_grid(path)
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     # execute: three workers, no --shard
     argv = ["grid", str(path), "--out", str(out), "--no-progress"]
-    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 0.4}] * 3, tmp_path)
-    codes = _wait(procs, tmp_path)
+    procs = start_workers([{"argv": argv, "trace": str(trace), "round_sleep": 0.4}] * 3, tmp_path)
+    codes = wait_workers(procs, tmp_path)
     logs = "\n".join((tmp_path / f"p{i}.log").read_text() for i in range(3))
     assert codes == [0, 0, 0], logs
     # assert: every round of every cell trained exactly once; all done; no duplicate rows
@@ -173,17 +95,13 @@ def test_three_grid_workers_share_six_cells_each_run_once_longest_first(tmp_path
 def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(tmp_path):
     # prepare: 4 cells of 3 rounds of 1 s each, so the work outlasts the extra workers' start-up
     # (a Python + torch import, several seconds on a loaded 2-core machine)
-    from test_grid import write_grid
-
-    from helpers import TINY
-
     path = write_grid(tmp_path / "four.toml", {**TINY, **SMALL}, {"train.rounds": [3], "seed": [0, 1, 2, 3]})
     grid = S.load_grid(path)
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     # execute: ONE command asking for three workers
     argv = ["grid", str(path), "--out", str(out), "--workers", "3", "--no-progress"]
-    procs = _start([{"argv": argv, "trace": str(trace), "round_sleep": 1.0}], tmp_path)
-    codes = _wait(procs, tmp_path)
+    procs = start_workers([{"argv": argv, "trace": str(trace), "round_sleep": 1.0}], tmp_path)
+    codes = wait_workers(procs, tmp_path)
     log = (tmp_path / "p0.log").read_text()
     assert codes == [0], log
     # assert: three processes trained, every round of every cell exactly once, all done
@@ -201,17 +119,13 @@ def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(
 
 def test_python_api_run_grid_with_two_workers_runs_each_cell_once(tmp_path):
     # prepare: 2 cells of 1 round, made 2 rounds (of 1 s each) by an override, which every worker must apply
-    from test_grid import write_grid
-
-    from helpers import TINY
-
     path = write_grid(tmp_path / "two.toml", {**TINY, **SMALL, "train.rounds": 1}, {"seed": [0, 1]})
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     grid = S.load_grid(path, extra={"train.rounds": 2})
     # execute: dfbench.run_grid(..., workers=2) from Python (in a process with the synthetic data)
     call = {"grid": str(path), "out": str(out), "workers": 2, "rounds": 2}
-    procs = _start([{"python": call, "trace": str(trace), "round_sleep": 1.0}], tmp_path, delay_s=0)
-    codes = _wait(procs, tmp_path)
+    procs = start_workers([{"python": call, "trace": str(trace), "round_sleep": 1.0}], tmp_path, delay_s=0)
+    codes = wait_workers(procs, tmp_path)
     log = (tmp_path / "p0.log").read_text()
     assert codes == [0], log
     # assert: two processes, every round of every cell once, all done, and the summary says so
@@ -225,12 +139,8 @@ def test_python_api_run_grid_with_two_workers_runs_each_cell_once(tmp_path):
 
 
 def test_worker_command_line_keeps_grid_selection_and_overrides_drops_workers_and_download_and_is_quiet(tmp_path):
-    from test_grid import write_grid
-
     from dfbench.benchmark.core.config import parse_value
     from dfbench.benchmark.grid.workers import set_text, worker_argv
-    from helpers import TINY
-
     path = write_grid(tmp_path / "one.toml", {**TINY, **SMALL}, {"seed": [0]})
     grid = S.load_grid(path, extra={"train.lr": 0.002, "method": "fedprox?mu=0.1", "data.root": "1", "device": "cpu"})
     assert worker_argv(grid, tmp_path / "o", only=["*/0"], retry_failed=True) == [
@@ -249,11 +159,7 @@ def test_worker_command_line_keeps_grid_selection_and_overrides_drops_workers_an
     (["--workers", "0"], "invalid value for '--workers': 0"),
 ])
 def test_grid_workers_flag_refuses_what_it_cannot_share(tmp_path, capsys, extra, message):
-    from test_grid import write_grid
-
     from dfbench.benchmark.cli import main
-    from helpers import TINY
-
     path = write_grid(tmp_path / "one.toml", {**TINY, **SMALL}, {"seed": [0]})
     assert main(["grid", str(path), "--out", str(tmp_path / "runs"), *extra]) == 2
     assert message in capsys.readouterr().err
@@ -265,8 +171,8 @@ def test_a_lock_left_by_a_sigkilled_owner_is_taken_over_and_the_run_resumes_bitw
     out, trace = tmp_path / "runs", tmp_path / "trace.txt"
     argv = ["run", *RUN_ARGS, "--rounds", "3", "--out", str(out)]
     cfg = config_from_args(build_parser().parse_args(argv))
-    procs = _start([{"argv": argv, "trace": str(trace), "kill_after_checkpoint": 2}], tmp_path, delay_s=0)
-    assert _wait(procs, tmp_path) == [-signal.SIGKILL]
+    procs = start_workers([{"argv": argv, "trace": str(trace), "kill_after_checkpoint": 2}], tmp_path, delay_s=0)
+    assert wait_workers(procs, tmp_path) == [-signal.SIGKILL]
     d = runfolder.run_dir(out, cfg)
     owner = read_lock(d)
     assert owner is not None and owner.pid == procs[0].pid  # the dead owner's lock is still there
@@ -280,6 +186,3 @@ def test_a_lock_left_by_a_sigkilled_owner_is_taken_over_and_the_run_resumes_bitw
     assert [r["round"] for r in runfolder.read_rounds(d)] == [1, 2, 3]
     assert runfolder.read_status(d)["state"] == "done" and read_lock(d) is None
 
-
-if __name__ == "__main__":
-    sys.exit(_worker(json.loads(sys.argv[1])))
