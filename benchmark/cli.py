@@ -193,7 +193,7 @@ def cmd_methods(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from dfbench.benchmark.metrics.drift import record_missing_drift
+    from dfbench.benchmark.metrics.drift import missing_drift
     from dfbench.benchmark.report.build import build_report
     from dfbench.benchmark.report.frames import parse_target
     from dfbench.benchmark.report.run_folders import find_run_dirs
@@ -214,14 +214,15 @@ def cmd_report(a: argparse.Namespace) -> int:
         for k, v in paths.items():
             print(f"{k}: {v}")
         return 0
-    # The reporter only reads run folders. A run evaluated before its dense reference finished has
-    # no drift record yet: write it first (under the run's lock, as evaluation would have), then read.
-    written = record_missing_drift(find_run_dirs(a.runs))
-    if written:
-        print(f"drift recorded for {len(written)} run(s) evaluated before their dense reference was done")
+    # The reporter only reads run folders: it writes nothing into them and computes no drift (that
+    # needs the extractors and their weights). A run evaluated before its dense reference finished,
+    # and not caught by its grid's last worker, shows no drift; say which command records it.
     paths = build_report(a.runs, a.out, target)
     for k, v in paths.items():
         print(f"{k}: {v}")
+    if pending := missing_drift(find_run_dirs(a.runs)):
+        print(f"note: {len(pending)} run(s) show no drift: they were evaluated before their dense reference was "
+              f"done; `dfbench eval {a.runs}` records it (drift.json), then report again", file=sys.stderr)
     return 0
 
 
@@ -260,6 +261,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         if a.replace:
             for path in a.paths:
                 show(evaluate_dir(path, a.device, **batches))
+                record_drift(path, a.device)
             return 0
 
         def said(run: Any, rows: list[dict[str, Any]] | None, why: str | None) -> None:
@@ -275,10 +277,22 @@ def cmd_eval(a: argparse.Namespace) -> int:
             counts = rescore_tree(path, a.device, feature_batch=batches.get("feature_batch"), report=said)
             print(f"{path}: {counts['rescored']} run(s) rescored, {counts['up_to_date']} up to date, "
                   f"{counts['skipped']} skipped (not finished)")
+            record_drift(path, a.device)
     except OutOfMemory as err:
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def record_drift(path: str | Path, device: str | None) -> None:
+    """drift.json for the finished runs under `path` evaluated before their dense reference was done
+    (`dfbench eval`; the grid's last worker does the same for its cells): the reporter only reads."""
+    from dfbench.benchmark.engine.evaluate import eval_device
+    from dfbench.benchmark.metrics.drift import record_missing_drift
+    from dfbench.benchmark.report.run_folders import find_run_dirs
+
+    if written := record_missing_drift(find_run_dirs(path), device=eval_device(device)):
+        print(f"{path}: drift recorded (drift.json) for {len(written)} run(s) evaluated before their dense reference was done")
 
 
 def cmd_fid(a: argparse.Namespace) -> int:
@@ -363,9 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "dataset/partition a headline, the main table and the secondary ones), leaderboard.csv "
                                      "(every column), leaderboard.html (one self-contained page: sortable tables, mosaics "
                                      "and plots inline, links to the run folders), report.json (what the page needs "
-                                     "beside the CSV), plots and mosaics. The reporter only reads; first, a finished run that was "
-                                     "evaluated before its dense reference was done gets its drift recorded in its "
-                                     "metrics.json (under the run's lock), as its grid's last worker would have.")
+                                     "beside the CSV), plots and mosaics. The reporter only reads: it writes nothing into a run "
+                                     "folder. A run evaluated before its dense reference was done shows its drift once "
+                                     "its grid's last worker or `dfbench eval` has recorded it (drift.json); the report "
+                                     "names the runs still without one.")
     rep.add_argument("--runs", default=DEFAULT_OUT)
     rep.add_argument("--out", default="results")
     rep.add_argument("--target", metavar="METRIC=VALUE",
@@ -434,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "rows from its saved samples (samples.npz, regenerated from the final checkpoint when "
                                     "it is missing) and the held-out denoising loss from its final weights -- and write "
                                     "them to rescored.json beside it, which `dfbench report` reads. Nothing else in the "
-                                    "run folder is written. A run whose evaluation is pending (weights missing at its "
+                                    "run folder is written, but drift.json for a run evaluated before its dense reference was done "
+                                    "(its same-noise drift, now that the reference is there). A run whose evaluation is pending (weights missing at its "
                                     "end) is completed in metrics.json. --replace re-scores every metric of one run from "
                                     "its saved samples and rewrites its metrics.json. The scoring runs on --device, not "
                                     "on the device the run trained on: a GPU run can be scored on a CPU-only machine.")

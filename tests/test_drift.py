@@ -90,8 +90,8 @@ def test_unfinished_reference_is_not_used(tmp_path):
     _fake_run(tmp_path, "fedavg", {}, 0, images=_images(0), state="running")
     rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(1), metrics={"evaluations": []})
     assert find_reference(rnd) is None
-    assert drift.record_missing_drift([rnd]) == []  # nothing to compare with yet: metrics.json untouched
-    assert json.loads((rnd / "metrics.json").read_text()) == {"evaluations": []}
+    assert drift.record_missing_drift([rnd]) == []  # nothing to compare with yet: nothing written
+    assert json.loads((rnd / "metrics.json").read_text()) == {"evaluations": []} and not (rnd / "drift.json").exists()
 
 
 def test_budget_ignores_exactly_what_is_compared_and_the_result_neutral_keys(tmp_path):
@@ -127,15 +127,18 @@ def test_feature_drift_in_the_classifier_space_matches_a_direct_computation(tmp_
     expected = float(np.mean([np.sqrt(((fa[i] - fb[i]) ** 2).sum()) for i in range(6)]))
     assert rec["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
     assert rec["features"]["fmnist"] > 0
-    # a run evaluated before its reference was done gets the same record written later, once
+    # a run evaluated before its reference was done gets the same record written later, once, in drift.json
     for d in (fed, rnd):
         (d / "metrics.json").write_text(json.dumps(_SCORED))
+    before = {d: (d / "metrics.json").read_bytes() for d in (fed, rnd)}
+    assert drift.missing_drift([fed, rnd]) == [fed, rnd]
     assert drift.record_missing_drift([fed, rnd]) == [fed, rnd]  # FedAvg is its own reference (drift 0)
-    written = json.loads((rnd / "metrics.json").read_text())
-    assert written["drift"]["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
-    assert written["drift"] == json.loads(json.dumps(rec)) and written["evaluations"] == _SCORED["evaluations"]
-    assert json.loads((fed / "metrics.json").read_text())["drift"]["pixel"] == 0.0
-    assert drift.record_missing_drift([fed, rnd]) == []  # a run with a record is left as it is
+    written = json.loads((rnd / "drift.json").read_text())
+    assert written["features"]["fmnist"] == pytest.approx(expected, rel=1e-12)
+    assert written == json.loads(json.dumps(rec)) and drift.run_drift(rnd) == written
+    assert {d: (d / "metrics.json").read_bytes() for d in (fed, rnd)} == before  # metrics.json stays the evaluation's
+    assert json.loads((fed / "drift.json").read_text())["pixel"] == 0.0
+    assert drift.missing_drift([fed, rnd]) == [] and drift.record_missing_drift([fed, rnd]) == []  # a record is left as it is
 
 
 def test_missing_drift_is_not_written_while_another_process_holds_the_run(tmp_path):
@@ -145,9 +148,10 @@ def test_missing_drift_is_not_written_while_another_process_holds_the_run(tmp_pa
     rnd = _fake_run(tmp_path, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(51), metrics=_SCORED)
     with RunLock(rnd):  # e.g. `dfbench eval` rewriting it right now
         assert drift.record_missing_drift([rnd]) == []
-    assert "drift" not in json.loads((rnd / "metrics.json").read_text()) and not (rnd / ".lock").exists()
+    assert not (rnd / "drift.json").exists() and not (rnd / ".lock").exists()
     assert drift.record_missing_drift([rnd]) == [rnd]  # a later call catches it
-    assert json.loads((rnd / "metrics.json").read_text())["drift"]["reference"] == str(fed.relative_to(tmp_path))
+    assert json.loads((rnd / "drift.json").read_text())["reference"] == str(fed.relative_to(tmp_path))
+    assert json.loads((rnd / "metrics.json").read_text()) == _SCORED
 
 
 @pytest.mark.slow
@@ -190,8 +194,9 @@ def test_the_reporter_only_reads_drift_and_the_later_record_fills_the_column(tmp
     assert table["drift_mean"].isna().all() and table["drift_pixel_mean"].isna().all()
     assert "drift (features)" not in (tmp_path / "report0" / "leaderboard.md").read_text()
     assert {d: (d / "metrics.json").read_bytes() for d in runs} == before
-    # execute: the later record (what the grid runner calls once its cells are done), then the report
+    # execute: the later record (what the grid runner calls once its cells are done: drift.json), then the report
     assert drift.record_missing_drift(runs) == runs
+    assert {d: (d / "metrics.json").read_bytes() for d in runs} == before
     table = collect(tmp_path).table.set_index("method")
     build_report(tmp_path, tmp_path / "report")
     # assert: pixel drift 51/255 for the pruned run, 0 for FedAvg itself; drift columns in the markdown's diagnostics table
@@ -201,3 +206,40 @@ def test_the_reporter_only_reads_drift_and_the_later_record_fills_the_column(tmp
     diagnostics = (tmp_path / "report" / "leaderboard.md").read_text().split("### Drift and diagnostics", 1)[1]
     assert "| rank | setting | drift (features) | drift (pixels) |" in diagnostics
     assert "drift_pixel_mean" in (tmp_path / "report" / "leaderboard.csv").read_text().splitlines()[0]
+
+
+def _file_hashes(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_dfbench_report_leaves_every_byte_of_every_run_folder_as_it_was(tmp_path, capsys):
+    from dfbench.benchmark.cli import main
+
+    # prepare: FedAvg with its drift from evaluation; a pruned run evaluated before its reference was done (no
+    # drift anywhere); one whose drift was recorded later (drift.json); a failed run
+    runs_root = tmp_path / "runs"
+    row = json.dumps({"round": 1, "clients": [0], "loss": 0.1, "w2": 0.0, "gamma": 1}) + "\n"
+    fed = _fake_run(runs_root, "fedavg", {}, 0, images=_images(0),
+                    metrics={**_SCORED, "drift": {"reference": "x", "num_samples": 4, "pixel": 0.0, "features": {}}})
+    late = _fake_run(runs_root, "random_prune", {"keep_ratio": 0.5}, 0, images=_images(51), metrics=_SCORED)
+    recorded = _fake_run(runs_root, "topk_prune", {"keep_ratio": 0.5}, 0, images=_images(102), metrics=_SCORED)
+    (recorded / "drift.json").write_text(json.dumps({"reference": "x", "num_samples": 4, "pixel": 0.4, "features": {}}))
+    failed = _fake_run(runs_root, "fedprox", {}, 0, state="failed")
+    for d in (fed, late, recorded, failed):
+        (d / "rounds.jsonl").write_text(row)
+    before = _file_hashes(runs_root)
+    # execute
+    code = main(["report", "--runs", str(runs_root), "--out", str(tmp_path / "report")])
+    # assert: every file of every run folder byte for byte as it was, and no file added or removed
+    assert code == 0
+    assert _file_hashes(runs_root) == before
+    err = capsys.readouterr().err
+    assert "1 run(s) show no drift" in err and f"dfbench eval {runs_root}" in err  # the late run, and how to record it
+    csv = (tmp_path / "report" / "leaderboard.csv").read_text()
+    assert "drift_pixel_mean" in csv.splitlines()[0]
+    # the record of drift.json is read beside metrics.json, as rescored.json is
+    from dfbench.benchmark.report.run_folders import read_run
+
+    assert read_run(recorded).metrics["drift"]["pixel"] == 0.4 and "drift" not in read_run(late).metrics

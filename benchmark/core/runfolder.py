@@ -8,6 +8,8 @@
     rounds.jsonl    one row per finished round
     metrics.json    evaluations, communication totals, wall time, diagnostics
     rescored.json   metric rows added later by `dfbench eval` (metrics the run's code did not have)
+    drift.json      same-noise drift recorded after the run's evaluation (its dense reference finished
+                    later: benchmark/metrics/drift.py); metrics.json stays what the evaluation wrote
     grid.png        the fixed-noise sample grid; samples.npz holds every evaluated sample (uint8)
     status.json     running / interrupted / done / failed (error, traceback) / diverged (reason)
     checkpoints/    ckpt-<round>.pt, written atomically; the last two are kept
@@ -42,6 +44,7 @@ ROUNDS = "rounds.jsonl"
 CURVE = "curve.jsonl"  # quality-curve points (eval.every), one JSON object per line like rounds.jsonl
 METRICS = "metrics.json"
 RESCORED = "rescored.json"  # rows `dfbench eval` added after the run (new metrics); metrics.json stays the run's own
+DRIFT = "drift.json"  # drift recorded after the evaluation (the reference finished later); read beside metrics.json
 STATUS = "status.json"
 SAMPLES = "samples.npz"
 GRID = "grid.png"

@@ -150,13 +150,14 @@ def run_grid(grid: Grid, out: str | Path, *, shard: tuple[int, int] | None = Non
         say(f"[{j}/{len(todo)}] {verb:<8} {cell.label}  {o.note}  {fmt_seconds(o.seconds)}{where}")
     if any(o.ran for o in summary.outcomes):
         # A cell evaluated before its dense reference finished (another worker's cell) has no drift
-        # yet: whichever worker ends last records it (each run under its lock), so the run folders
-        # end the same whatever the workers' timing, and the reporter only reads.
+        # yet: whichever worker ends last records it in drift.json (each run under its lock;
+        # metrics.json stays what the evaluation wrote), so the run folders hold the same numbers
+        # whatever the workers' timing, and the reporter only reads.
         from dfbench.benchmark.metrics.drift import record_missing_drift
 
         written = record_missing_drift([c.folder(out) for c in grid.cells], device=cells[0].cfg.device if cells else "cpu")
         if written:
-            say(f"drift recorded for {len(written)} run(s) evaluated before their dense reference was done")
+            say(f"drift recorded (drift.json) for {len(written)} run(s) evaluated before their dense reference was done")
     summary.outcomes.sort(key=lambda o: o.cell.index)
     return summary
 

@@ -14,9 +14,12 @@ is its own reference (drift 0). Both must be finished, with samples.npz.
 
 The result goes into metrics.json under "drift" when the run is evaluated and its reference is
 already there (`attach_drift`). A run evaluated before its reference finished (grid workers run
-cells side by side) gets the same record later from `record_missing_drift`, which writes it into
-the run's metrics.json (meant for the grid runner once its cells are done). The reporter only
-reads the record (`recorded_drift`); it never computes one.
+cells side by side) gets the same record later from `record_missing_drift`, in a file of its own,
+drift.json (`runfolder.DRIFT`): nothing rewrites metrics.json after the evaluation. The grid's
+last worker calls it once its cells are done, and `dfbench eval` for the runs it is given.
+Readers take metrics.json's record, else drift.json's (`later_drift`; report/run_folders.py
+merges it as it merges rescored.json). The reporter only reads (`recorded_drift`, `missing_drift`
+to name what is still to record); it never computes one and never writes into a run folder.
 """
 
 from __future__ import annotations
@@ -185,21 +188,20 @@ def attach_drift(run: str | Path, metrics: dict[str, Any], device: str = "cpu") 
 
 
 def record_missing_drift(runs: Iterable[str | Path], device: str = "cpu") -> list[Path]:
-    """Write the drift into metrics.json of every finished run among `runs` that has none and whose
-    dense reference is done now; return the runs written.
+    """Write drift.json (`runfolder.DRIFT`) for every finished run among `runs` that has no drift
+    record and whose dense reference is done now; return the runs written.
 
     For runs evaluated before their reference finished (`attach_drift` found none then): the
-    record is the one evaluation would have written. Each run's lock (core/lock.py) is held while
-    its metrics.json is read again and rewritten (atomically); a run another process holds is
-    skipped, to be caught by a later call. Meant for whoever finishes a set of runs (the grid
-    runner after its cells), so that the reporter only reads.
+    record is the one evaluation would have written, in a file of its own, so metrics.json stays
+    what the evaluation wrote. Each run's lock (core/lock.py) is held while it is looked at again
+    and drift.json is written (atomically); a run another process holds is skipped, to be caught
+    by a later call. Meant for whoever finishes a set of runs (the grid runner after its cells,
+    `dfbench eval`), never for the reporter, which only reads.
     """
     from dfbench.benchmark.core.lock import RunLock
 
     written: list[Path] = []
-    for run in map(Path, runs):
-        if not _lacks_drift(run) or find_reference(run) is None:
-            continue
+    for run in missing_drift(runs):
         lock = RunLock(run)
         if not lock.try_acquire():
             continue
@@ -209,25 +211,51 @@ def record_missing_drift(runs: Iterable[str | Path], device: str = "cpu") -> lis
             metrics = _read(run / runfolder.METRICS)
             attach_drift(run, metrics, device=device)
             if isinstance(metrics.get("drift"), dict):
-                runfolder.write_json(run / runfolder.METRICS, metrics)
+                runfolder.write_json(run / runfolder.DRIFT, metrics["drift"])
                 written.append(run)
         finally:
             lock.release()
     return written
 
 
+def missing_drift(runs: Iterable[str | Path]) -> list[Path]:
+    """The finished runs among `runs` without a drift record whose dense reference is done now: what
+    `record_missing_drift` would write. Reads only (the reporter names them, and the command that fills them)."""
+    return [run for run in map(Path, runs) if _lacks_drift(run) and find_reference(run) is not None]
+
+
 def _lacks_drift(run: Path) -> bool:
-    """A finished run with samples and a readable metrics.json without a drift record."""
+    """A finished run with samples and a readable metrics.json, without a drift record in it or in drift.json."""
     if not _done_with_samples(run):
         return False
     try:
         metrics = _read(run / runfolder.METRICS)
     except (OSError, ValueError):
         return False
-    return isinstance(metrics, dict) and not isinstance(metrics.get("drift"), dict)
+    return isinstance(metrics, dict) and not isinstance(metrics.get("drift"), dict) and later_drift(run) is None
+
+
+def later_drift(run: str | Path) -> dict[str, Any] | None:
+    """drift.json's record (written after the evaluation by `record_missing_drift`), or None."""
+    try:
+        rec = _read(Path(run) / runfolder.DRIFT)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def run_drift(run: str | Path) -> dict[str, Any] | None:
+    """A run folder's drift record: metrics.json's (written at evaluation), else drift.json's, else None."""
+    try:
+        metrics = _read(Path(run) / runfolder.METRICS)
+    except (OSError, ValueError):
+        metrics = {}
+    return (recorded_drift(metrics) if isinstance(metrics, dict) else None) or later_drift(run)
 
 
 def recorded_drift(metrics: dict[str, Any]) -> dict[str, Any] | None:
-    """metrics.json's drift record, or None when it has none (the reporter computes nothing)."""
+    """The drift record of a run's metrics, or None when it has none (the reporter computes nothing).
+
+    `metrics` as report/run_folders.py reads it (drift.json merged in), or metrics.json alone."""
     rec = metrics.get("drift")
     return rec if isinstance(rec, dict) else None

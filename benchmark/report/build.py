@@ -1,7 +1,8 @@
 """Reporter: turn finished run folders into a leaderboard, plots and grid mosaics.
 
-The reporter only reads run folders; it never trains and computes no metric (a
-run's same-noise drift is what its metrics.json records). Every run it finds ends up
+The reporter only reads run folders; it never trains, computes no metric and writes
+nothing into a run folder (a run's same-noise drift is what its metrics.json records, or
+drift.json when it was recorded after the evaluation). Every run it finds ends up
 either in the leaderboard or in the "Failed and diverged runs" list with a
 reason -- nothing is dropped silently.
 

@@ -29,7 +29,6 @@ FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -41,7 +40,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.core import runfolder  # noqa: E402
 from dfbench.benchmark.metrics import drift  # noqa: E402
 from dfbench.benchmark.metrics import uncertainty  # noqa: E402
 from dfbench.benchmark.report.paired import seed_differences  # noqa: E402
@@ -67,8 +65,7 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
     for _, r in runs.iterrows():
         base = {"seed": int(r["seed"]), "metric": float(r[metric]), "w2": float(r["w2_mean"]),
                 "gamma_star": float(r["gamma_star"]), "path": r["path"]}
-        metrics_json = json.loads((Path(r["path"]) / runfolder.METRICS).read_text())
-        rec = drift.recorded_drift(metrics_json)  # as metrics.json records it: the reporter computes none
+        rec = drift.run_drift(r["path"])  # as metrics.json (or drift.json, recorded later) has it: the reporter computes none
         base["drift_pixel"] = rec["pixel"] if rec else math.nan
         base["drift_features"] = (rec or {}).get("features", {}).get("fmnist", math.nan) if rec else math.nan
         if r["baseline"]:  # its "reference" is itself (FedAvg at rounds 0): no drift to show

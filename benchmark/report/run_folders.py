@@ -1,8 +1,8 @@
 """Reading run folders: one ``RunRecord`` per finished run, one ``RunFailure`` per anything else.
 
 The reporter only reads run folders (``config.json``, ``status.json``,
-``metrics.json``, ``rounds.jsonl``, ``grid.png``: the names of core/runfolder.py);
-it never trains or computes a metric. Every run found under a root becomes either
+``metrics.json`` with ``rescored.json`` and ``drift.json`` beside it, ``rounds.jsonl``, ``grid.png``:
+the names of core/runfolder.py); it never trains, computes a metric or writes into a run folder. Every run found under a root becomes either
 a record or a failure with a reason, so nothing is dropped silently. Also the
 small value helpers the tables share.
 """
@@ -174,6 +174,12 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
             have = {(r.get("metric"), r.get("inference")) for r in evaluations}
             extra = [{**r, "rescored": True} for r in added if (r.get("metric"), r.get("inference")) not in have]
             metrics = {**metrics, "evaluations": [*evaluations, *extra]}
+        if not isinstance(metrics.get("drift"), dict) and (path / runfolder.DRIFT).is_file():
+            # drift recorded after the evaluation (its dense reference finished later): read beside the run's own
+            try:
+                metrics = {**metrics, "drift": _read_json_dict(path / runfolder.DRIFT)}
+            except _Unreadable as exc:
+                warnings.append(f"drift not shown: {exc}")
     except _Unreadable as exc:
         return failure("unreadable", f"failed to read: {exc}")
     curve, curve_warnings = runfolder.read_rounds_checked(path, runfolder.CURVE)
