@@ -225,9 +225,15 @@ class Capabilities:
     #: "corrects every local step by a control variate".
     needs: str = ""
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            want = str if f.name == "needs" else bool
+            if type(getattr(self, f.name)) is not want:
+                raise TypeError(f"Capabilities.{f.name} must be a {want.__name__}, not {getattr(self, f.name)!r}")
+
     def refused(self) -> list[str]:
         """The names of the capabilities it lacks (the flags that are False), in field order."""
-        return [f.name for f in dataclasses.fields(self) if f.type in (bool, "bool") and getattr(self, f.name) is False]
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is False]
 
 
 CAPABILITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Capabilities))

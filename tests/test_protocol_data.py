@@ -227,8 +227,17 @@ def test_an_old_style_declaration_extends_what_it_inherits():
     assert MyExperts.midway_sampling is False and experts.needs != "mine"
 
 
-def test_capabilities_must_be_a_capabilities_value():
+def test_capabilities_must_be_a_capabilities_value_of_bools_and_a_reason():
     with pytest.raises(TypeError, match="must be a methods.Capabilities"):
 
         class Bad(methods.Method):
             capabilities = {"several_ranks": False}  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match="Capabilities.several_ranks must be a bool"):
+        Capabilities(several_ranks="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Capabilities.needs must be a str"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+
+            class OldBad(methods.Method):
+                needs = None  # folded into Capabilities, which refuses it
