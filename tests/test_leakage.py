@@ -1,5 +1,5 @@
 """What a run leaks (benchmark/engine/leakage.py): memorization of the samples and a loss-based
-membership attack, wired into a run's evaluation (eval.privacy_metrics=true)."""
+membership attack, wired into a run's evaluation (eval.leakage_metrics=true)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_split(monkeypatch, tiny_data):
 
 def test_a_planted_copy_is_found_and_attributed_to_its_client(tiny_data, test_split):
     # prepare: the samples are held-out images, except sample 3, an exact copy of a training image of client 2
-    cfg = tiny_config(over={"eval.privacy_metrics": True})
+    cfg = tiny_config(over={"eval.leakage_metrics": True})
     ctx = build_context(cfg, data=tiny_data)
     samples = test_split.images[:16].clone()
     victim = int(ctx.client_indices[2][5])
@@ -54,7 +54,7 @@ def test_a_planted_copy_is_found_and_attributed_to_its_client(tiny_data, test_sp
 
 def test_membership_attack_on_an_untrained_model_is_at_chance(tiny_data, test_split):
     # prepare: the untrained model has never seen the members; members and non-members are drawn alike
-    cfg = tiny_config(over={"eval.privacy_metrics": True})
+    cfg = tiny_config(over={"eval.leakage_metrics": True})
     ctx = build_context(cfg, data=tiny_data)
     # execute
     rows, _ = leakage.membership(cfg, ctx, ctx.init_params, test_split.images)
@@ -91,7 +91,7 @@ def test_image_losses_are_the_objectives_loss_at_the_fixed_levels(tiny_data):
 
 def test_a_run_writes_its_leakage_rows_and_dfbench_eval_keeps_them(tmp_path, tiny_data, test_split):
     # prepare
-    cfg = tiny_config(over={"eval.privacy_metrics": True, "eval.privacy_images": 8})
+    cfg = tiny_config(over={"eval.leakage_metrics": True, "eval.leakage_members": 8})
     # execute
     d = lifecycle.run(cfg, tmp_path, progress=False, data=tiny_data)
     first = runfolder.read_json(d / runfolder.METRICS)["evaluations"]
@@ -104,13 +104,13 @@ def test_a_run_writes_its_leakage_rows_and_dfbench_eval_keeps_them(tmp_path, tin
     assert next(r for r in first if r["metric"] == "mia_auc")["num_members"] == 32
     assert [r for r in again if r.get("leakage")] == [r for r in first if r.get("leakage")]
     # off by default: no such rows, and the run id of every config before the switch is unchanged
-    assert tiny_config().run_id() == tiny_config(over={"eval.privacy_images": 8}).run_id()
+    assert tiny_config().run_id() == tiny_config(over={"eval.leakage_members": 8}).run_id()
 
 
 def test_every_candidate_of_the_attack_gets_its_own_noise(monkeypatch, tiny_data, test_split):
     # prepare: every client holds the same 4 images and the held-out images are those images too, so
     # scores can differ only through the noise each candidate is given
-    cfg = tiny_config(over={"eval.privacy_metrics": True, "eval.privacy_images": 4})
+    cfg = tiny_config(over={"eval.leakage_metrics": True, "eval.leakage_members": 4})
     ctx = build_context(cfg, data=tiny_data)
     same = ctx.client_indices[0][:4]
     ctx = dataclasses.replace(ctx, client_indices=[same.clone() for _ in range(4)])

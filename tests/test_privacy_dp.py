@@ -203,9 +203,9 @@ def test_poisson_sampling_is_seeded_and_at_the_rate():
     assert sample_round_clients(5, 1.0, 0.0, seed=0, round_=1, sampling="poisson")[0] == [0, 1, 2, 3, 4]
 
 
-def test_client_images_caps_each_client_with_a_seeded_subset(tiny_data):
+def test_images_per_client_caps_each_client_with_a_seeded_subset(tiny_data):
     # prepare
-    cfg = tiny_config(over={"data.client_images": 5, "data.partition": "dirichlet:0.5"})
+    cfg = tiny_config(over={"data.images_per_client": 5, "data.partition": "dirichlet:0.5"})
     full = build_context(tiny_config(over={"data.partition": "dirichlet:0.5"}), data=tiny_data).partition
     # execute
     ctx = build_context(cfg, data=tiny_data)
@@ -214,6 +214,6 @@ def test_client_images_caps_each_client_with_a_seeded_subset(tiny_data):
     for capped, whole in zip(ctx.partition.indices, full.indices):
         assert len(capped) == min(5, len(whole)) and set(capped) <= set(whole)
     assert ctx.partition.digest() == again.digest() and ctx.partition.spec.endswith("|max5")
-    assert tiny_config().run_id() == tiny_config(over={"data.client_images": 0}).run_id()
-    with pytest.raises(ConfigError, match="data.client_images"):
-        tiny_config(over={"data.client_images": 2})  # below data.min_client_size (4)
+    assert tiny_config().run_id() == tiny_config(over={"data.images_per_client": 0}).run_id()
+    with pytest.raises(ConfigError, match="data.images_per_client"):
+        tiny_config(over={"data.images_per_client": 2})  # below data.min_client_size (4)

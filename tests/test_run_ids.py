@@ -53,8 +53,8 @@ PINNED = {
     "fm uniform times": ({"train.objective": "fm", "train.time_sampling": "uniform"}, "s0-dca828a5fc"),
     "lr cosine ema": ({"train.lr_decay": "cosine", "train.ema": 0.5}, "s0-589df8129e"),
     "curve": ({"eval.every": 2, "eval.curve_samples": 100}, "s0-c0c7701660"),
-    "privacy metrics": ({"eval.privacy_metrics": True, "eval.privacy_images": 64}, "s0-f915edabb0"),
-    "client images": ({"data.client_images": 500}, "s0-da3dc02584"),
+    "leakage metrics": ({"eval.leakage_metrics": True, "eval.leakage_members": 64}, "s0-f915edabb0"),
+    "images per client": ({"data.images_per_client": 500}, "s0-da3dc02584"),
     "bf16": ({"train.amp": "bf16"}, "s0-4a4e47cb68"),
     "cuda": ({"device": "cuda"}, "s0-d549d8384c"),
     "cuda fast": ({"device": "cuda:1", "train.deterministic": False}, "s0-122da94df8"),
@@ -63,7 +63,7 @@ PINNED = {
                          "eval.feature_batch": 9, "eval.inference_variants": False}, "s0-207c7bc670"),
     "batched clients": ({"train.clients_mode": "batched", "train.client_batch": 2}, "s0-207c7bc670"),
     "curve samples without a curve": ({"eval.curve_samples": 50}, "s0-207c7bc670"),
-    "privacy images without privacy metrics": ({"eval.privacy_images": 8}, "s0-207c7bc670"),
+    "leakage members without leakage metrics": ({"eval.leakage_members": 8}, "s0-207c7bc670"),
     "dp knobs while dp is off": ({"privacy.delta": 1e-3, "privacy.weighting": "size"}, "s0-207c7bc670"),
     "fedbuff knobs under sync": ({"train.concurrency": 3, "train.buffer": 2, "train.staleness": "constant"}, "s0-207c7bc670"),
     "ddpm times pinned uniform": ({"train.time_sampling": "uniform"}, "s0-207c7bc670"),
@@ -80,13 +80,13 @@ def test_a_pinned_config_keeps_its_run_id_and_hash(name):
 
 
 def test_a_stored_config_from_before_the_later_fields_keeps_its_id():
-    """config.json written before lr_decay, time_sampling, the clock, curves, the driver, client_images,
+    """config.json written before lr_decay, time_sampling, the clock, curves, the driver, images_per_client,
     DP and the leakage metrics (none of those keys, no privacy section) reads back with the id it had."""
     old = RunConfig().to_dict()
     for section, gone in {"train": ("lr_decay", "time_sampling", "driver", "concurrency", "buffer", "staleness"),
                           "system": ("speed", "compute_rate", "uplink_mbps", "downlink_mbps", "deadline", "sampling"),
-                          "eval": ("every", "curve_samples", "privacy_metrics", "privacy_images"),
-                          "data": ("client_images",)}.items():
+                          "eval": ("every", "curve_samples", "leakage_metrics", "leakage_members"),
+                          "data": ("images_per_client",)}.items():
         for key in gone:
             old[section].pop(key)
     old.pop("privacy")

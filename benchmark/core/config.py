@@ -20,6 +20,7 @@ import json
 import math
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
@@ -54,8 +55,8 @@ def _curve_on(get: schema.Getter) -> bool:  # no curve: its sample count changes
     return bool(get("eval.every"))
 
 
-def _leakage_on(get: schema.Getter) -> bool:  # no leakage metrics: their image count changes nothing
-    return bool(get("eval.privacy_metrics"))
+def _leakage_on(get: schema.Getter) -> bool:  # no leakage metrics: their member count changes nothing
+    return bool(get("eval.leakage_metrics"))
 
 
 def _dp_on(get: schema.Getter) -> bool:  # DP off: its knobs change nothing (and run ids from before it stay)
@@ -76,7 +77,9 @@ class DataConfig:
     partition: str = declare("iid")  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
     clients: int = declare(10)
     min_client_size: int = declare(8)  # a partition giving a client fewer samples is retried, then refused
-    client_images: int = declare(0, since=6, neutral=0)  # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all)
+    # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all). Was data.client_images
+    # (a name metrics.json's client work also had); hashed under that name, so run ids stay.
+    images_per_client: int = declare(0, since=6, neutral=0, renamed_from=("client_images",), hash_name="client_images")
     root: str | None = declare(None, role="execution")  # explicit data folder (else DFBENCH_DATA, the system path, download)
 
 
@@ -154,9 +157,14 @@ class EvalConfig:
     every: int = declare(0, since=4, neutral=0)
     curve_samples: int = declare(200, since=4, neutral=200, active=_curve_on)
     # what the model leaks (benchmark/engine/leakage.py): memorization (nearest training images of the
-    # samples, copy rate, per-client attribution) and a loss-based membership-inference attack per client
-    privacy_metrics: bool = declare(False, since=5, neutral=False)
-    privacy_images: int = declare(256, since=5, neutral=256, active=_leakage_on)  # members per client (and as many held-out images per client) for the attack
+    # samples, copy rate, per-client attribution) and a loss-based membership-inference attack per client.
+    # Leakage, not differential privacy (that is privacy.*): were eval.privacy_metrics / eval.privacy_images,
+    # hashed under those names, so run ids stay.
+    leakage_metrics: bool = declare(False, since=5, neutral=False, renamed_from=("privacy_metrics",),
+                                    hash_name="privacy_metrics")
+    # members per client (and as many held-out images per client) for the attack
+    leakage_members: int = declare(256, since=5, neutral=256, active=_leakage_on, renamed_from=("privacy_images",),
+                                   hash_name="privacy_images")
 
 
 @dataclass(frozen=True)
@@ -210,8 +218,11 @@ class RunConfig:
         return {"run_id": self.run_id(), "schema": SCHEMA_VERSION, **self.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: Mapping[str, Any], *, warn: bool = True) -> "RunConfig":
+        """A config from its dict (config.json). A key renamed since is read under its new name, with a
+        DeprecationWarning naming it (`warn=False`: silently, e.g. a stored config.json of an old run)."""
         sections = SECTIONS
+        d = upgrade_keys(d, warn=warn)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - set(schema.BOOKKEEPING)
         if unknown:
@@ -246,6 +257,35 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "train": TrainConfig, "system":
 def experiment_schema() -> list[schema.Entry]:
     """Every config field with its declaration, dotted (`schema.Entry`), in declaration order."""
     return schema.entries(RunConfig, SECTIONS)
+
+
+def renamed_keys() -> dict[str, str]:
+    """Old dotted key -> new dotted key of every renamed config field (read for one release, with a warning)."""
+    return schema.renamed_keys(experiment_schema())
+
+
+def deprecated_key(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """The one warning a deprecated key gives (config keys, method hyperparameters, CLI flags alike)."""
+    warnings.warn(f"'{old}' is deprecated and will be removed in the next release; use '{new}' (same meaning)",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
+def upgrade_keys(d: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """A nested config dict (config.json's shape) with every renamed key under its new name; a dict that
+    names a field by both is refused. `warn`: a DeprecationWarning per old key found."""
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in d.items()}
+    for old, new in renamed_keys().items():
+        head, _, leaf = old.rpartition(".")
+        section = out.get(head) if head else out
+        if not isinstance(section, dict) or leaf not in section:
+            continue
+        new_leaf = new.rpartition(".")[2]
+        if new_leaf in section:
+            raise ConfigError(f"config names '{new}' twice: as '{new}' and as its old name '{old}'; keep '{new}'")
+        if warn:
+            deprecated_key(old, new, stacklevel=4)
+        section[new_leaf] = section.pop(leaf)
+    return out
 
 
 def execution_keys() -> tuple[str, ...]:
@@ -331,7 +371,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
     _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
     _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
-    _check(d.client_images == 0 or d.client_images >= d.min_client_size, "data.client_images", d.client_images,
+    _check(d.images_per_client == 0 or d.images_per_client >= d.min_client_size, "data.images_per_client", d.images_per_client,
            f"0 (all of a client's samples) or an integer >= data.min_client_size ({d.min_client_size})")
     # The dataset's size is static, so "more clients than samples" fails here, before any data is
     # loaded (build_context checks again against the data actually loaded).
@@ -410,7 +450,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(not (e.every and e.metrics == "none"), "eval.every", e.every,
            "0 with eval.metrics=none (the quality curve scores the model; name a metric or use auto)")
     _check(e.curve_samples >= 2, "eval.curve_samples", e.curve_samples, "an integer >= 2 (a Frechet distance needs two samples)")
-    _check(e.privacy_images >= 2, "eval.privacy_images", e.privacy_images,
+    _check(e.leakage_members >= 2, "eval.leakage_members", e.leakage_members,
            "an integer >= 2 (members per client for the membership-inference attack)")
     _check_privacy(cfg)
     _check(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
@@ -494,6 +534,7 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
     """
     top: dict[str, Any] = {}
     secs: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    items = _renamed_items(items)
     switching = "method" in items and str(items["method"]) != cfg.method
     mparams = {} if switching else dict(cfg.method_params)
     top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
@@ -514,3 +555,16 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
     new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
     return replace(cfg, **top, **new_secs, method_params=mparams)
+
+
+def _renamed_items(items: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted overrides with every renamed key under its new name, each old one warned about."""
+    renamed, out = renamed_keys(), {}
+    for key, value in items.items():
+        new = renamed.get(key)
+        if new is not None:
+            if new in items:
+                raise ConfigError(f"'{new}' is set twice: as '{new}' and as its old name '{key}'; keep '{new}'")
+            deprecated_key(key, new, stacklevel=4)
+        out[new or key] = value
+    return out

@@ -217,10 +217,11 @@ def sample_round_clients(num_clients: int, participation: float, dropout: float,
 
 
 def run_partition(cfg: RunConfig, labels: np.ndarray, images: torch.Tensor) -> datasets.Partition:
-    """The run's clients: data.partition, seeded by the run's seed, capped at data.client_images each."""
+    """The run's clients: data.partition, seeded by the run's seed, capped at data.images_per_client each."""
     part = datasets.partition(labels, cfg.data.partition, cfg.data.clients, derive_seed(cfg.seed, "partition"),
                               min_size=cfg.data.min_client_size, images=images)
-    return part.capped(cfg.data.client_images, derive_seed(cfg.seed, "client_images")) if cfg.data.client_images else part
+    cap = cfg.data.images_per_client  # its seed keeps the name the field had (data.client_images): same subsets
+    return part.capped(cap, derive_seed(cfg.seed, "client_images")) if cap else part
 
 
 def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None, rank: int = 0, world: int = 1) -> RunContext:

@@ -65,7 +65,7 @@ def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Ten
 
 
 _LABEL = re.compile(r"[a-z0-9_]+")
-LEAKAGE = "leakage"  # the flag of metrics.json rows made by leakage.py (eval.privacy_metrics)
+LEAKAGE = "leakage"  # the flag of metrics.json rows made by leakage.py (eval.leakage_metrics)
 
 
 def sample_variants(cfg: RunConfig, method: methods.Method) -> tuple[str | None, dict[str, Callable[..., torch.Tensor]]]:
@@ -221,7 +221,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
     if cfg.eval.metrics != "none":  # the model's own objective on held-out test images: no feature network
         rows += heldout.method_denoising_rows(cfg, ctx, method, params)
-    if cfg.eval.privacy_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
+    if cfg.eval.leakage_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
         leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
         rows += [{**row, LEAKAGE: True} for row in leak]
         notes += why
@@ -341,7 +341,7 @@ def evaluate_dir(d: str | Path, device: str | None = None, *, sample_batch: int 
     if not (d / runfolder.CONFIG).exists():
         raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG), warn=False), device)  # an old run: old names read silently
     batches = {k: v for k, v in (("sample_batch", sample_batch), ("feature_batch", feature_batch)) if v is not None}
     if batches:
         from dfbench.benchmark.core.config import apply_overrides
@@ -457,7 +457,7 @@ def rescore_dir(d: str | Path, device: str | None = None, *, feature_batch: int 
     if metrics.get("evaluation_pending"):
         return evaluate_dir(d, device, feature_batch=feature_batch)
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG), warn=False), device)  # an old run: old names read silently
     if feature_batch is not None:
         from dfbench.benchmark.core.config import apply_overrides
 

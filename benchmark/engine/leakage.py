@@ -1,4 +1,4 @@
-"""What a trained run leaks about the clients' images (eval.privacy_metrics=true): memorization and
+"""What a trained run leaks about the clients' images (eval.leakage_metrics=true): memorization and
 membership inference, rows beside the quality metrics in metrics.json.
 
 Memorization (benchmark/metrics/memorization.py): each generated sample's nearest and second
@@ -13,7 +13,7 @@ final global model's weights (white box: the server's model, before any sampling
 pruning method; for an expert mixture, every expert, and it takes the lowest loss over them)
 and candidate images; its score is minus the diffusion loss averaged over a few fixed noise
 levels (LEVELS) with one fixed Gaussian noise per image, drawn independently for every candidate
-(members and non-members alike, in one stream). Members are up to eval.privacy_images
+(members and non-members alike, in one stream). Members are up to eval.leakage_members
 of each client's training images; non-members as many held-out test images per client. An
 untrained model cannot tell them apart (AUC 0.5): a test checks it.
 """
@@ -90,10 +90,10 @@ def image_losses(ctx: Any, params: torch.Tensor, images: torch.Tensor, seed: int
 
 
 def membership(cfg: RunConfig, ctx: Any, params: torch.Tensor, test: torch.Tensor) -> tuple[list[dict[str, Any]], list[str]]:
-    """Loss-attack rows: up to eval.privacy_images members per client against as many test images each."""
+    """Loss-attack rows: up to eval.leakage_members members per client against as many test images each."""
     from dfbench.benchmark.metrics.membership import membership_rows
 
-    cap = cfg.eval.privacy_images
+    cap = cfg.eval.leakage_members
     members = []
     for k, ix in enumerate(ctx.client_indices):
         ix = ix.cpu().numpy()
@@ -116,7 +116,7 @@ def membership(cfg: RunConfig, ctx: Any, params: torch.Tensor, test: torch.Tenso
 
 
 def leakage_rows(cfg: RunConfig, ctx: Any, params: torch.Tensor, samples: torch.Tensor) -> tuple[list[dict[str, Any]], list[str]]:
-    """Memorization and membership rows of a trained run (eval.privacy_metrics), and notes on what is left out."""
+    """Memorization and membership rows of a trained run (eval.leakage_metrics), and notes on what is left out."""
     test = datasets.load(cfg.data.dataset, "test", root=cfg.data.root).images
     union = torch.cat([ix.cpu() for ix in ctx.client_indices])
     owner = np.concatenate([np.full(len(ix), k, dtype=np.int64) for k, ix in enumerate(ctx.client_indices)])

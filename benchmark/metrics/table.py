@@ -92,7 +92,7 @@ def _entries() -> list[Metric]:
     # the trained model's own objective on held-out test images, in velocity space (benchmark/engine/heldout.py):
     # no feature network; computed from the model, not the samples
     out += [Metric("denoise_loss", None, "lower", "model", reference="own")]
-    # what a run leaks (eval.privacy_metrics; benchmark/engine/leakage.py): less is better, farther from
+    # what a run leaks (eval.leakage_metrics; benchmark/engine/leakage.py): less is better, farther from
     # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
     for space, ex in (("pixel", None), ("fmnist", "fmnist")):
         out += [Metric(f"{key}_{space}", ex, "lower", "leakage", reference="own")
