@@ -59,12 +59,12 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist && \
-	$(BIN)/python -m dfbench.benchmark.report.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-rules --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules && \
-	$(BIN)/python -m dfbench.benchmark.report.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
+	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
 	$(BIN)/python scripts/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
 
 bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at keep 0.5 scored by fd_fmnist and by training loss, on paper-fmnist's runs (~12 min; run bench-paper-fmnist first), results in results/paper-fmnist/rule_losses/
@@ -75,7 +75,7 @@ bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MN
 	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation && \
-	$(BIN)/python -m dfbench.benchmark.report.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
 
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
@@ -92,21 +92,21 @@ bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simu
 	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
-	$(BIN)/python -m dfbench.benchmark.report.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
 
 bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
 	@# one torch thread per worker, as for the committed numbers
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-compression --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression && \
-	$(BIN)/python -m dfbench.benchmark.report.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
-	$(BIN)/python -m dfbench.benchmark.report.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
+	$(BIN)/python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
 	@# held-out seed 7 (results/cpu-privacy/clip.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy && \
-	$(BIN)/python -m dfbench.benchmark.report.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)

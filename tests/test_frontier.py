@@ -1,4 +1,4 @@
-"""The bits/quality frontier (benchmark/report/frontier.py) against hand-computed cases."""
+"""The bits/quality frontier (benchmark/studies/frontier.py) against hand-computed cases."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.report.frontier import claim_table, frontier_table, pareto_mask
+from dfbench.benchmark.studies.frontier import claim_table, frontier_table, pareto_mask
 
 
 def test_pareto_mask_by_hand():

@@ -1,4 +1,4 @@
-"""benchmark/report/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
+"""benchmark/studies/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
 means and t-intervals over seeds, drift against FedAvg, every figure written."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dfbench.benchmark.report import paper_figures
+from dfbench.benchmark.studies import paper_figures
 from helpers import tiny_config
 
 T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables)

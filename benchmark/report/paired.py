@@ -1,130 +1,13 @@
-"""Seed-paired comparison of every setting with a reference method (FedAvg by default).
+"""Moved to `dfbench.benchmark.studies.paired` (study tools sit above the leaderboard); this name
+works for one release and warns (DeprecationWarning). Import, or run with `python -m`, the new path."""
 
-    python -m dfbench.benchmark.report.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation
+import sys
+import warnings
 
-Within a grid block (dataset, partition, budget; capacity tiers aside), runs with the same seed share the partition,
-the initial model and the fixed noises, so most of the seed-to-seed spread is common to every
-method. The leaderboard's per-setting t-intervals ignore that pairing and overlap at three seeds;
-the per-seed difference to the reference removes the shared part. For each setting this writes
-the differences seed by seed, how many seeds it beats the reference at, and the mean difference
-with its 95 % Student-t interval over the shared seeds (`paired_vs_<reference>.md` / `.csv`).
-A difference whose interval excludes 0 is called better or worse; otherwise a tie.
-"""
+from dfbench.benchmark.studies import paired as _moved
 
-from __future__ import annotations
-
-import json
-import math
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
-
-from dfbench.benchmark.report.study_cli import study_main
-from dfbench.benchmark.report.frames import collect, higher_is_better, primary_metric
-from dfbench.benchmark.metrics.uncertainty import t_interval
-
-BLOCK = ["dataset", "partition", "_pair_budget"]
-# Capacity tiers configure the resource-aware methods (HeteroFL's widths, pruning keep ratios);
-# FedAvg trains every client whole either way, so a tiered run is paired with the untiered FedAvg.
-UNPAIRED_BUDGET_KEYS = ("capacity",)
-
-
-def _pair_budget(budget_key: str) -> str:
-    budget = json.loads(budget_key)
-    return json.dumps({k: v for k, v in budget.items() if k not in UNPAIRED_BUDGET_KEYS}, sort_keys=True)
-COLUMNS = ["dataset", "partition", "setting", "seeds", "differences", "wins", "mean", "low", "high", "verdict"]
-
-
-def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.ndarray, float, float, float]:
-    """(shared seeds, values - reference per shared seed, mean, low, high): the mean difference
-    with its 95 % Student-t bounds (nan with one seed, everything empty/nan with none).
-    Both series are indexed by seed."""
-    seeds = sorted(set(values.index) & set(reference.index))
-    diff = np.array([float(values[s]) - float(reference[s]) for s in seeds])
-    if not seeds:
-        return seeds, diff, math.nan, math.nan, math.nan
-    mean, interval = t_interval(diff)
-    low, high = (interval.low, interval.high) if interval else (math.nan, math.nan)
-    return seeds, diff, mean, low, high
-
-
-def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False) -> pd.DataFrame:
-    """One row per (block, setting) with a reference run at a shared seed.
-
-    `runs` needs the columns dataset, partition, budget_key, setting, baseline, seed and `metric`;
-    the reference is the setting named `reference` (a method without parameters, or the full
-    setting label). Untrained baselines are skipped. Differences are setting minus reference.
-    """
-    rows = []
-    trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
-    trained = trained.assign(_pair_budget=trained["budget_key"].map(_pair_budget))
-    for key, block in trained.groupby(BLOCK, sort=True, dropna=False):
-        ref = block[block["setting"] == reference].dropna(subset=[metric]).set_index("seed")[metric]
-        if ref.empty:
-            continue
-        for setting, group in block[block["setting"] != reference].groupby("setting", sort=False):
-            values = group.dropna(subset=[metric]).set_index("seed")[metric]
-            seeds, diff, mean, low, high = seed_differences(values, ref)
-            if not seeds:
-                continue
-            wins = int((diff > 0).sum() if higher_better else (diff < 0).sum())
-            if not math.isfinite(low) or low <= 0.0 <= high:
-                verdict = "tie"
-            else:
-                verdict = "better" if (mean > 0) == higher_better else "worse"
-            rows.append({"dataset": key[0], "partition": key[1], "setting": setting,
-                         "seeds": ",".join(str(int(s)) for s in seeds),
-                         "differences": " / ".join(f"{d:+.1f}" for d in diff),
-                         "wins": f"{wins}/{len(seeds)}", "mean": mean, "low": low, "high": high,
-                         "verdict": verdict})
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    return table.sort_values(["dataset", "partition", "mean"], ascending=[True, True, not higher_better],
-                             kind="stable").reset_index(drop=True)
-
-
-def to_markdown(table: pd.DataFrame, metric: str, reference: str, higher_better: bool) -> str:
-    better = "higher" if higher_better else "lower"
-    lines = [f"# {metric}: each setting minus {reference}, paired by seed",
-             "",
-             f"Same seed = same partition, initial model and fixed noises. `differences`: per shared seed "
-             f"({better} {metric} is better, so a {'positive' if higher_better else 'negative'} difference "
-             f"favours the setting); `wins`: seeds where the setting beats {reference}; mean difference with "
-             f"its 95 % Student-t interval over the seeds; `verdict` is a tie when the interval holds 0. "
-             f"Written by `python -m dfbench.benchmark.report.paired`."]
-    for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
-        lines += ["", f"## {dataset} / {partition}", "",
-                  f"| setting | seeds | {metric} − {reference} per seed | wins | mean [95% t] | verdict |",
-                  "|---|---|---|---|---|---|"]
-        for _, r in block.iterrows():
-            ci = f" [{r['low']:+.1f}, {r['high']:+.1f}]" if math.isfinite(r["low"]) else ""
-            lines.append(f"| {r['setting']} | {r['seeds']} | {r['differences']} | {r['wins']} | "
-                         f"{r['mean']:+.1f}{ci} | {r['verdict']} |")
-    return "\n".join(lines) + "\n"
-
-
-def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
-    data = collect(runs_dir)
-    metric = metric or primary_metric(data.metrics)
-    if data.runs.empty or metric is None or metric not in data.runs:
-        raise ValueError(f"no scored runs under {runs_dir}; run the grid first")
-    if not (data.runs["setting"] == reference).any():
-        raise ValueError(f"no run of the reference {reference!r} under {runs_dir}; "
-                         f"settings found: {', '.join(sorted(data.runs['setting'].unique()))}")
-    higher = metric in higher_is_better(data.evaluations)
-    table = paired_table(data.runs, metric, reference, higher)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    md, csv = out / f"paired_vs_{reference}.md", out / f"paired_vs_{reference}.csv"
-    md.write_text(to_markdown(table, metric, reference, higher))
-    table.to_csv(csv, index=False)
-    return [md, csv]
-
-
-def main(argv: list[str] | None = None) -> int:
-    return study_main(argv, "dfbench.benchmark.report.paired", __doc__, "paired_vs_<reference>.md/.csv",
-                      "the setting every other one is compared with (default fedavg)", write)
-
-
+warnings.warn("dfbench.benchmark.report.paired moved to dfbench.benchmark.studies.paired; the old name goes in the "
+              "next release", DeprecationWarning, stacklevel=1 if __name__ == "__main__" else 2)
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_moved.main())
+sys.modules[__name__] = _moved  # the old name is the moved module itself: every name, private ones too
