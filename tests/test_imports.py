@@ -337,7 +337,8 @@ def test_an_old_module_name_warns_and_is_its_new_module(old: str) -> None:
 
     new = MOVED[old]
     graph = _strip_package_parents(import_graph(late=True))
-    assert graph[old] - {"dfbench", "dfbench.benchmark", "dfbench.benchmark.studies"} == {new}
+    assert graph[old] - {"dfbench", "dfbench.benchmark", "dfbench.benchmark.studies", "dfbench.benchmark.report",
+                         "dfbench.benchmark.report.deprecated"} == {new}
     sys.modules.pop(old, None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

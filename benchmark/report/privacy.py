@@ -1,13 +1,7 @@
-"""Moved to `dfbench.benchmark.studies.privacy` (study tools sit above the leaderboard); this name
-works for one release and warns (DeprecationWarning). Import, or run with `python -m`, the new path."""
+"""Moved to `dfbench.benchmark.studies.privacy` (study tools sit above the leaderboard): this old name
+works for one release and warns (report/deprecated.py)."""
 
-import sys
-import warnings
-
+from dfbench.benchmark.report.deprecated import hand_over
 from dfbench.benchmark.studies import privacy as _moved
 
-warnings.warn("dfbench.benchmark.report.privacy moved to dfbench.benchmark.studies.privacy; the old name goes in the "
-              "next release", DeprecationWarning, stacklevel=1 if __name__ == "__main__" else 2)
-if __name__ == "__main__":
-    raise SystemExit(_moved.main())
-sys.modules[__name__] = _moved  # the old name is the moved module itself: every name, private ones too
+hand_over(__name__, _moved)
