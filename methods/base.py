@@ -195,7 +195,7 @@ def masked_weighted_mean(
         return torch.where(wcov > 0, wsum / wcov.clamp_min(1e-30), theta)
     if mode == "zero_fill":
         return (wsum + (wtotal - wcov) * theta) / wtotal if wtotal > 0 else theta.clone()
-    raise ValueError(f"unknown aggregation {mode!r}; allowed: covered, zero_fill")
+    raise ValueError(f"unknown masked mean {mode!r}; allowed: covered, zero_fill")
 
 
 @dataclass(frozen=True)
@@ -261,8 +261,8 @@ class Method:
     class Config:
         pass
 
-    #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean)
-    aggregation: str = "covered"
+    #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean; was `aggregation`)
+    masked_mean: str = "covered"
 
     # -- capabilities (declared; refused before any data is loaded) -------------------------
     #: What the method can and cannot do, as ONE value (see `Capabilities`); a subclass declares
@@ -390,7 +390,7 @@ class Method:
         rows = []
         for g in range(theta.shape[0]):
             wt = float(acc["wtotal"][g])
-            rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.aggregation).to(theta.dtype)
+            rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.masked_mean).to(theta.dtype)
                         if wt > 0 else theta[g].clone())
         return ServerState(params=torch.stack(rows).reshape(state.params.shape), extra=state.extra)
 

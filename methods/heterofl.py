@@ -65,13 +65,13 @@ from torch.func import functional_call
 from dfbench.benchmark.core.parsing import parse_capacity
 
 from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
-from .registry import register_method
+from .registry import register_method, renamed
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
     from dfbench.benchmark.engine.context import RunContext
 
-Aggregation = Literal["covered", "zero_fill"]
+MaskedMean = Literal["covered", "zero_fill"]  # how masked updates are averaged (methods.base.masked_weighted_mean)
 
 
 # -- the sub-model ------------------------------------------------------------------------------
@@ -236,17 +236,18 @@ class HeteroFL(Method):
     class Config:
         rate: float = 0.5  # width rate of every client without capacity tiers (tiers override it)
         scaler: bool = True  # divide narrowed sums by the kept fraction (HeteroFL's Scaler)
-        aggregation: Aggregation = "covered"  # covered | zero_fill (see methods.base.masked_weighted_mean)
+        # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation (hashed under that name)
+        masked_mean: MaskedMean = renamed("covered", was="aggregation")
 
         def validate(self) -> None:
             if not (math.isfinite(self.rate) and 0.0 < self.rate <= 1.0):
                 raise ValueError(f"invalid value for 'method.rate' of 'heterofl': {self.rate!r}; allowed: a number in (0, 1]")
-            if self.aggregation not in ("covered", "zero_fill"):
-                raise ValueError(f"invalid value for 'method.aggregation' of 'heterofl': {self.aggregation!r}; allowed: covered, zero_fill")
+            if self.masked_mean not in ("covered", "zero_fill"):
+                raise ValueError(f"invalid value for 'method.masked_mean' of 'heterofl': {self.masked_mean!r}; allowed: covered, zero_fill")
 
     def __init__(self, config: "HeteroFL.Config") -> None:
         super().__init__(config)
-        self.aggregation = config.aggregation
+        self.masked_mean = config.masked_mean
         self._subs: dict[float, SubModelInfo] = {}  # per rate, built once per run
 
     def rate_for(self, client: int, ctx: "RunContext") -> float:

@@ -73,7 +73,7 @@ from torch import nn
 from dfbench.benchmark.core.parsing import parse_capacity
 
 from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, SampleVariants, ServerState, Upload
-from .registry import register_method
+from .registry import register_method, renamed
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 SEED_BITS = 64
 Scope = Literal["layer", "global"]
-Aggregation = Literal["covered", "zero_fill"]
+MaskedMean = Literal["covered", "zero_fill"]  # how masked updates are averaged (methods.base.masked_weighted_mean)
 Inference = Literal["full", "scaled", "submodel"]
 INFERENCE_MODES = ("full", "scaled", "submodel")
 
@@ -207,7 +207,8 @@ class PruneConfig:
     METHOD: ClassVar[str] = "random_prune"
     keep_ratio: float = 0.5  # fraction of each prunable tensor a client trains (capacity tiers override)
     prune_biases: bool = False  # also prune biases and norm scales/shifts
-    aggregation: Aggregation = "covered"  # covered | zero_fill (see methods.base.masked_weighted_mean)
+    # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation (hashed under that name)
+    masked_mean: MaskedMean = renamed("covered", was="aggregation")
     inference: Inference = "scaled"  # how the global model is sampled: full | scaled | submodel (module docstring)
     inference_keep: float = 0.0  # submodel: keep ratio of the sampling sub-model; 0 = the clients' mean keep ratio
     inference_seed: int = 0  # submodel (random_prune): which random mask, derived with the run seed
@@ -218,8 +219,8 @@ class PruneConfig:
     def validate(self) -> None:
         if not (math.isfinite(self.keep_ratio) and 0.0 < self.keep_ratio <= 1.0):
             self._fail("keep_ratio", self.keep_ratio, "a number in (0, 1]")
-        if self.aggregation not in ("covered", "zero_fill"):
-            self._fail("aggregation", self.aggregation, "covered, zero_fill")
+        if self.masked_mean not in ("covered", "zero_fill"):
+            self._fail("masked_mean", self.masked_mean, "covered, zero_fill")
         if self.inference not in INFERENCE_MODES:
             self._fail("inference", self.inference, ", ".join(INFERENCE_MODES))
         if not (math.isfinite(self.inference_keep) and 0.0 <= self.inference_keep <= 1.0):
@@ -233,7 +234,7 @@ class _SubModelPruning(Method):
 
     def __init__(self, config: PruneConfig) -> None:
         super().__init__(config)
-        self.aggregation = config.aggregation
+        self.masked_mean = config.masked_mean
         self._macs: np.ndarray | None = None
 
     def keep_for(self, client: int, ctx: "RunContext") -> float:

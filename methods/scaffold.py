@@ -119,7 +119,7 @@ class Scaffold(Method):
         wt = float(acc["wtotal"][0])
         if wt <= 0:
             return ServerState(params=theta.clone(), extra=state.extra)
-        mean = masked_weighted_mean(theta, acc["wsum"][0], acc["wcov"][0], wt, self.aggregation)  # float64
+        mean = masked_weighted_mean(theta, acc["wsum"][0], acc["wcov"][0], wt, self.masked_mean)  # float64
         # x + eta_g (mean - x), written from the mean so that eta_g = 1 is FedAvg's mean bitwise
         new = (mean + (self.config.global_lr - 1.0) * (mean - theta.double())).to(theta.dtype)
         c = state.extra.get(SERVER_KEY)

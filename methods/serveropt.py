@@ -63,7 +63,7 @@ class _ServerOptimizer(Method):
         wt = float(acc["wtotal"][0])
         if wt <= 0:  # nobody reported: no pseudo-gradient, the optimizer state stays as it was
             return ServerState(params=theta.clone(), extra=state.extra)
-        mean = masked_weighted_mean(theta, acc["wsum"][0], acc["wcov"][0], wt, self.aggregation)  # float64
+        mean = masked_weighted_mean(theta, acc["wsum"][0], acc["wcov"][0], wt, self.masked_mean)  # float64
         delta = mean - theta.double()  # Delta_t, the pseudo-gradient (an ascent direction: x + step)
         step = self.server_step(delta, state.extra, theta.dtype)
         return ServerState(params=(mean + (step - delta)).to(theta.dtype), extra=state.extra)

@@ -76,7 +76,7 @@ class _AggCtx:
 @pytest.mark.parametrize("name", PRUNERS)
 def test_masked_aggregation_equals_hand_computed(name, mode, expected):
     # prepare: global (10, 20, 30, 40); client 0 (n=1) trained entries 0,1; client 1 (n=3) entries 0,2
-    m = methods.create_method(name, keep_ratio=0.5, aggregation=mode)
+    m = methods.create_method(name, keep_ratio=0.5, masked_mean=mode)
     state = methods.ServerState(params=torch.tensor([10.0, 20.0, 30.0, 40.0]))
     ups = [
         methods.Upload(params=torch.tensor([1.0, 2.0, 0.0, 0.0]), weight=1.0, uplink_bits=1, mask=torch.tensor([1.0, 1.0, 0.0, 0.0])),
@@ -193,7 +193,7 @@ def test_capacity_tiers_override_keep_ratio(tiny_data):
 
 @pytest.mark.parametrize("name,key,value", [
     ("random_prune", "keep_ratio", 0.0), ("random_prune", "keep_ratio", 1.5), ("topk_prune", "keep_ratio", float("nan")),
-    ("topk_prune", "scope", "row"), ("random_prune", "aggregation", "mean"), ("random_prune", "scope", "layer"),
+    ("topk_prune", "scope", "row"), ("random_prune", "masked_mean", "mean"), ("random_prune", "scope", "layer"),
 ])
 def test_bad_hyperparameters_are_clear_errors(name, key, value):
     with pytest.raises((KeyError, ValueError), match=f"method.{key}"):
@@ -205,8 +205,8 @@ def test_bad_hyperparameters_are_clear_errors(name, key, value):
 def test_config_validate_checks_literals_built_directly():
     with pytest.raises(ValueError, match="method.scope"):
         methods.get_method_class("topk_prune").Config(scope="row").validate()
-    with pytest.raises(ValueError, match="method.aggregation"):
-        methods.get_method_class("random_prune").Config(aggregation="mean").validate()
+    with pytest.raises(ValueError, match="method.masked_mean"):
+        methods.get_method_class("random_prune").Config(masked_mean="mean").validate()
 
 
 # -- the client trains the smaller model ------------------------------------------------------

@@ -118,3 +118,73 @@ def test_the_reporter_groups_old_and_new_config_json_alike():
         flat_old, flat_new = normalize_config(old), normalize_config(new)
     assert flat_old == flat_new and flat_old["leakage_members"] == 64 and "privacy_images" not in flat_old
     assert grouped_config(flat_old) == grouped_config(flat_new)
+
+
+# -- method hyperparameters: method.aggregation (covered | zero_fill) -> method.masked_mean; "aggregation" is
+# the server step in general (and signsgd's rule, mean | majority, which keeps its name) ------------------
+
+@pytest.mark.parametrize("method", ["random_prune", "topk_prune", "heterofl"])
+def test_the_old_masked_mean_name_warns_and_gives_the_same_run_id(method):
+    with pytest.warns(DeprecationWarning, match="'method.aggregation'.*'method.masked_mean'"):
+        old = apply_overrides(RunConfig(), {"method": method, "method.aggregation": "zero_fill"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = apply_overrides(RunConfig(), {"method": method, "method.masked_mean": "zero_fill"})
+    assert old.method_params["masked_mean"] == "zero_fill" and "aggregation" not in old.method_params
+    assert old == new and old.run_id() == new.run_id()
+    assert new.run_id() != apply_overrides(RunConfig(), {"method": method}).run_id()
+    # the id hashes it under its old name
+    assert schema.identity(experiment_schema(), new)["method_params"]["aggregation"] == "zero_fill"
+
+
+def test_create_method_takes_the_old_name_with_a_warning():
+    from dfbench import methods
+
+    with pytest.warns(DeprecationWarning, match="'method.aggregation'.*'method.masked_mean'"):
+        m = methods.create_method("random_prune", aggregation="zero_fill")
+    assert m.config.masked_mean == "zero_fill" == m.masked_mean
+    with pytest.raises(ValueError, match="method.masked_mean"):
+        methods.method_config("random_prune", {"aggregation": "covered", "masked_mean": "covered"})
+
+
+def test_the_pinned_pruning_ids_hold_under_both_names():
+    over = {"method": "random_prune", "method.keep_ratio": 0.25, "system.capacity": "1.0:0.5,0.5:0.5"}
+    assert apply_overrides(RunConfig(), {**over, "method.masked_mean": "covered"}).run_id() == "s0-28d067d09e"
+    with pytest.warns(DeprecationWarning):
+        assert apply_overrides(RunConfig(), {**over, "method.aggregation": "covered"}).run_id() == "s0-28d067d09e"
+
+
+def test_an_old_run_config_json_with_the_old_hyperparameter_loads_and_groups_with_a_new_one():
+    from dfbench.benchmark.report.frames import grouped_config
+    from dfbench.benchmark.report.run_folders import normalize_config
+
+    cfg = apply_overrides(RunConfig(), {"method": "heterofl", "method.masked_mean": "zero_fill"})
+    new = json.loads(json.dumps(cfg.record()))
+    old = json.loads(json.dumps(new))
+    old["method_params"]["aggregation"] = old["method_params"].pop("masked_mean")
+    with pytest.warns(DeprecationWarning, match="'method.aggregation'"):
+        assert RunConfig.from_dict(old) == cfg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert RunConfig.from_dict(old, warn=False).run_id() == old["run_id"]
+        flat_old, flat_new = normalize_config(old), normalize_config(new)
+    assert flat_old == flat_new and flat_old["method_params"]["masked_mean"] == "zero_fill"
+    assert grouped_config(flat_old) == grouped_config(flat_new)
+
+
+def test_signsgd_keeps_its_aggregation_rule_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = apply_overrides(RunConfig(), {"method": "signsgd", "method.aggregation": "majority"})
+    assert cfg.method_params["aggregation"] == "majority"
+
+
+def test_a_grid_method_spec_with_the_old_name_gives_the_new_names_run_id(tmp_path):
+    from dfbench.benchmark.grid.spec import load_grid
+
+    for name, spec in (("new", "random_prune?masked_mean=zero_fill"), ("old", "random_prune?aggregation=zero_fill")):
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\n[axes]\nmethod = ["{spec}"]\n')
+    new = [c.run_id for c in load_grid(tmp_path / "new.toml").cells]
+    with pytest.warns(DeprecationWarning, match="'method.aggregation'"):
+        old = [c.run_id for c in load_grid(tmp_path / "old.toml").cells]
+    assert old == new and len(new) == 1

@@ -20,14 +20,13 @@ import json
 import math
 import types
 import typing
-import warnings
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Mapping
 
 # ConfigError and the value conversion live in a leaf module so that the method registry can use
 # them at import time without importing this module (which validates through the registry).
 from dfbench.benchmark.core import schema
-from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
+from dfbench.benchmark.core.parsing import ConfigError, coerce_value, deprecated_key, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
 from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare  # noqa: F401  (SCHEMA_VERSION re-exported)
 
 DATASETS = ("fmnist", "svhn", "cifar10")
@@ -61,6 +60,14 @@ def _leakage_on(get: schema.Getter) -> bool:  # no leakage metrics: their member
 
 def _dp_on(get: schema.Getter) -> bool:  # DP off: its knobs change nothing (and run ids from before it stay)
     return bool(get("privacy.clip"))
+
+
+def _method_params_hashed(get: schema.Getter) -> Any:
+    """The id hashes a renamed method hyperparameter under the name it had (ids are published; see
+    methods.registry.renamed): method.masked_mean is hashed as `aggregation`, its name before."""
+    from dfbench.methods.registry import hashed_params
+
+    return hashed_params(get("method"), get("method_params"))
 
 
 def _times_drawn(get: schema.Getter) -> str:
@@ -184,7 +191,7 @@ class PrivacyConfig:
 @dataclass(frozen=True)
 class RunConfig:
     method: str = declare("fedavg")
-    method_params: Mapping[str, Any] = declare(default_factory=dict)
+    method_params: Mapping[str, Any] = declare(default_factory=dict, canonical=_method_params_hashed)
     seed: int = declare(0, seed=True)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -264,12 +271,6 @@ def renamed_keys() -> dict[str, str]:
     return schema.renamed_keys(experiment_schema())
 
 
-def deprecated_key(old: str, new: str, *, stacklevel: int = 3) -> None:
-    """The one warning a deprecated key gives (config keys, method hyperparameters, CLI flags alike)."""
-    warnings.warn(f"'{old}' is deprecated and will be removed in the next release; use '{new}' (same meaning)",
-                  DeprecationWarning, stacklevel=stacklevel)
-
-
 def upgrade_keys(d: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
     """A nested config dict (config.json's shape) with every renamed key under its new name; a dict that
     names a field by both is refused. `warn`: a DeprecationWarning per old key found."""
@@ -285,6 +286,10 @@ def upgrade_keys(d: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
         if warn:
             deprecated_key(old, new, stacklevel=4)
         section[new_leaf] = section.pop(leaf)
+    if isinstance(out.get("method_params"), Mapping) and "method" in out:  # a renamed method hyperparameter
+        from dfbench.methods.registry import upgrade_params
+
+        out["method_params"] = upgrade_params(str(out["method"]), out["method_params"], warn=warn, stacklevel=5)
     return out
 
 
@@ -538,9 +543,19 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
     switching = "method" in items and str(items["method"]) != cfg.method
     mparams = {} if switching else dict(cfg.method_params)
     top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
+    from dfbench.methods.registry import renamed_params
+
+    old_params = renamed_params(str(items.get("method", cfg.method)))  # a renamed hyperparameter's old name
     for key, value in items.items():
         head, _, rest = key.partition(".")
         if head == "method" and rest:
+            if rest in old_params:
+                new = old_params[rest]
+                if f"method.{new}" in items:
+                    raise ConfigError(f"'method.{new}' is set twice: as 'method.{new}' and as its old name '{key}'; "
+                                      f"keep 'method.{new}'")
+                deprecated_key(key, f"method.{new}", stacklevel=3)
+                rest = new
             mparams[rest] = value
         elif head in _SECTIONS and rest:
             sec_cls = type(getattr(cfg, head))
