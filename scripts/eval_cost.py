@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     new = [m for m in table.auto_metrics("fmnist", False) if m not in old]
 
     def score(metrics: list[str]) -> None:
-        scoring.evaluate_samples(samples, "fmnist", metrics=metrics, device="cpu", seed=cfg.seed, client_indices=clients[0],
-                                 group_of_client=clients[1], client_split_size=clients[2])
+        scoring.evaluate_samples(samples, "fmnist", metrics=metrics, options=scoring.ScoreOptions(device="cpu", seed=cfg.seed),
+                                 clients=scoring.ClientSplit(*clients) if clients[0] is not None else None)
 
     score(old + new)  # the reference statistics of every extractor, computed and cached once
     noise = evaluate.fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)

@@ -199,6 +199,11 @@ def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extra
     rows, notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, kid_subsets=5,
                                       kid_subset_size=30, bootstrap=0, client_indices=clients,
                                       group_of_client=np.array([0, 1, 1]), client_split_size=300)
+    # the typed form (ScoreOptions for how it scores, ClientSplit for the clients) is the same call
+    options = ev.ScoreOptions(cache_dir=tmp_path, kid_subsets=5, kid_subset_size=30, bootstrap=0)
+    typed = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", options=options,
+                                clients=ev.ClientSplit(clients, np.array([0, 1, 1]), split_size=300))
+    assert typed == (rows, notes)
     # assert: the headline metrics are "auto"'s, and every row name is a table entry whose extractor
     # and direction are the ones the row records (a row without "better" is lower-is-better)
     names = [r["metric"] for r in rows]
@@ -223,6 +228,24 @@ def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extra
     with pytest.raises(ValueError, match="group_of_client has 2 entries for 3 clients"):
         ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, client_indices=clients,
                             group_of_client=np.array([0, 1]))
+
+
+def test_score_options_are_a_checked_frozen_value_and_keywords_override_them():
+    import dataclasses
+
+    # prepare / execute
+    options, clients = ev._options(ev.ScoreOptions(batch_size=64, seed=3), None, {"seed": 5, "client_indices": [np.arange(2)]})
+    # assert: a keyword overrides its field, the rest is kept; the client keywords make a ClientSplit
+    assert (options.batch_size, options.seed, options.device) == (64, 5, "cpu")
+    assert isinstance(clients, ev.ClientSplit) and clients.group_of_client is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="bootstrap must be 0"):
+        ev.ScoreOptions(bootstrap=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*batchsize"):
+        ev.evaluate_samples(_fake_images(4, seed=0), "fmnist", batchsize=8)
+    with pytest.raises(TypeError, match="not both"):
+        ev._options(None, ev.ClientSplit([np.arange(2)]), {"client_indices": [np.arange(2)]})
 
 
 @pytest.mark.parametrize("dataset,metrics", [("cifar10", "auto"), ("svhn", ["fid"]), ("fmnist", ["fd_fmnist", "kid"])])

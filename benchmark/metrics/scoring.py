@@ -18,9 +18,11 @@ number of samples and the reference split; every Frechet row its interval
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +45,9 @@ __all__ = [
     "DATASET_SHAPES",
     "Extractor",
     "METRICS",
+    "ClientSplit",
     "MissingWeightsError",
+    "ScoreOptions",
     "WeightsHashError",
     "cache_dir",
     "evaluate_images",
@@ -245,25 +249,69 @@ def _check_images(images: torch.Tensor, dataset: str) -> None:
         raise ValueError(f"need at least 2 images for a covariance, got {images.shape[0]}")
 
 
-def evaluate_images(
-    images: torch.Tensor,
-    dataset: str,
-    *,
-    metrics: Sequence[str] | Literal["auto"] = "auto",
-    reference_split: str = "train",
-    data_root: str | Path | None = None,
-    cache_dir: str | Path | None = None,
-    inception_weights: str | Path | None = None,
-    clean_weights: str | Path | None = None,
-    device: str = "cpu",
-    batch_size: int = 256,
-    kid_subsets: int = 100,
-    kid_subset_size: int = 1000,
-    bootstrap: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
-    """Score uint8 samples [N, C, H, W] of `dataset` against its `reference_split`.
+@dataclass(frozen=True)
+class ScoreOptions:
+    """How samples are scored (what is scored is the metric list): where the reference and the weights
+    are, the compute knobs and the intervals. Every field is a keyword of `evaluate_samples` too."""
+
+    reference_split: str = "train"  # the split the samples are compared with
+    data_root: str | Path | None = None  # where the dataset is (None: the datasets' default)
+    cache_dir: str | Path | None = None  # where reference statistics are cached (None: `cache_dir()`)
+    inception_weights: str | Path | None = None  # pytorch-fid's TF-Inception weights (None: looked up)
+    clean_weights: str | Path | None = None  # clean-fid's Inception weights (None: looked up)
+    device: str = "cpu"
+    batch_size: int = 256  # images per feature batch
+    kid_subsets: int = 100
+    kid_subset_size: int = 1000
+    bootstrap: int | None = None  # Frechet interval replicates: None = 200 up to 512-d features, 100 above; 0 = none
+    seed: int = 0  # seeds the bootstrap intervals
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bootstrap is not None and (self.bootstrap < 0 or self.bootstrap == 1):
+            raise ValueError(f"bootstrap must be 0 (no interval), >= 2 replicates, or None (default), got {self.bootstrap}")
+
+
+@dataclass(frozen=True)
+class ClientSplit:
+    """The clients' training data, for per-client quality: each client's indices into the training
+    split, the group (e.g. expert) of each client, and how many images that split has (checked against
+    the reference, so indices never point into another image set)."""
+
+    indices: Sequence[np.ndarray]
+    group_of_client: np.ndarray | None = None
+    split_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_of_client is not None and len(self.group_of_client) != len(self.indices):
+            raise ValueError(f"group_of_client has {len(self.group_of_client)} entries for {len(self.indices)} clients")
+
+
+_OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ScoreOptions))
+_CLIENT_KEYWORDS = {"client_indices": "indices", "group_of_client": "group_of_client", "client_split_size": "split_size"}
+
+
+def _options(options: ScoreOptions | None, clients: ClientSplit | None,
+             knobs: dict[str, Any]) -> tuple[ScoreOptions, ClientSplit | None]:
+    """`options` and `clients` with the keyword form applied (`batch_size=64`, `client_indices=...`)."""
+    if unknown := sorted(set(knobs) - _OPTION_FIELDS - set(_CLIENT_KEYWORDS)):
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}; ScoreOptions has "
+                        f"{', '.join(sorted(_OPTION_FIELDS))}, ClientSplit is given as clients= (or "
+                        f"{', '.join(_CLIENT_KEYWORDS)})")
+    chosen = {k: v for k, v in knobs.items() if k in _OPTION_FIELDS}
+    options = dataclasses.replace(options or ScoreOptions(), **chosen)
+    split = {_CLIENT_KEYWORDS[k]: v for k, v in knobs.items() if k in _CLIENT_KEYWORDS}
+    if split:
+        if clients is not None:
+            raise TypeError("give the clients either as clients=ClientSplit(...) or as client_indices=..., not both")
+        if split.get("indices") is not None:
+            clients = ClientSplit(**split)
+    return options, clients
+
+
+def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str] | Literal["auto"] = "auto",
+                    options: ScoreOptions | None = None, **knobs: Any) -> list[dict[str, Any]]:
+    """Score uint8 samples [N, C, H, W] of `dataset` against its reference split (`ScoreOptions`).
 
     metrics: "auto" = ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]
     for fmnist (its two committed networks), plus ["fid", "kid"] when the
@@ -272,52 +320,31 @@ def evaluate_images(
     are missing raise before any feature is computed. Returns one dict per
     metric, in the order requested, each with its interval (ci_low, ci_high,
     ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
-    over the samples with `bootstrap` replicates (None: 200 up to 512-d
-    features, 100 above; 0: no interval), seeded by `seed`.
+    over the samples with `options.bootstrap` replicates, seeded by `options.seed`.
+    `knobs`: ScoreOptions fields as keywords (`batch_size=64`), over `options`.
     """
-    rows, _ = evaluate_samples(
-        images, dataset, metrics=metrics, reference_split=reference_split, data_root=data_root,
-        cache_dir=cache_dir, inception_weights=inception_weights, clean_weights=clean_weights, device=device,
-        batch_size=batch_size, kid_subsets=kid_subsets, kid_subset_size=kid_subset_size, bootstrap=bootstrap,
-        seed=seed, quality=False, progress=progress,
-    )
+    options, _ = _options(options, None, knobs)
+    rows, _ = evaluate_samples(images, dataset, metrics=metrics, options=options, quality=False)
     return rows
 
 
 @exact_float32()  # TF32 off for the features and every matrix product of the scores (GPU)
-def evaluate_samples(
-    images: torch.Tensor,
-    dataset: str,
-    *,
-    metrics: Sequence[str] | Literal["auto"] = "auto",
-    reference_split: str = "train",
-    data_root: str | Path | None = None,
-    cache_dir: str | Path | None = None,
-    inception_weights: str | Path | None = None,
-    clean_weights: str | Path | None = None,
-    device: str = "cpu",
-    batch_size: int = 256,
-    kid_subsets: int = 100,
-    kid_subset_size: int = 1000,
-    bootstrap: int | None = None,
-    seed: int = 0,
-    quality: bool = True,
-    client_indices: Sequence[np.ndarray] | None = None,
-    group_of_client: np.ndarray | None = None,
-    client_split_size: int | None = None,
-    progress: bool = False,
-) -> tuple[list[dict[str, Any]], list[str]]:
+def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[str] | Literal["auto"] = "auto",
+                     options: ScoreOptions | None = None, quality: bool = True, clients: ClientSplit | None = None,
+                     **knobs: Any) -> tuple[list[dict[str, Any]], list[str]]:
     """`evaluate_images` plus, with `quality`, the rows that say *why* a score is what it is.
 
     Per extractor: precision / recall / density / coverage (``precision_<extractor>``, ...;
     `benchmark.metrics.prdc`) of the samples against as many rows of the cached reference subset;
     mode coverage (``class_tv``, ``low_classes``; `benchmark.metrics.coverage`) when the dataset has
     a classifier; per-client quality (``client_<fd>_mean`` / ``_worst``, and
-    ``expert_<fd>_worst`` -- the worst group of clients -- given `group_of_client`, the group
-    (e.g. expert) index of each client; `benchmark.metrics.client_quality`) given the
-    clients' training-split indices (`client_split_size`: how many images that split has, checked
-    against the reference so indices never point into another image set). Returns (rows, notes): a metric that cannot be
-    computed is left out and a note says why.
+    ``expert_<fd>_worst`` -- the worst group of clients -- given `clients.group_of_client`;
+    `benchmark.metrics.client_quality`) given the clients' training-split indices (`ClientSplit`).
+    Returns (rows, notes): a metric that cannot be computed is left out and a note says why.
+
+    How it scores is `options` (`ScoreOptions`); the keyword form of before is accepted too:
+    any ScoreOptions field (`batch_size=64, seed=3`) over `options`, and `client_indices`,
+    `group_of_client`, `client_split_size` for `clients`.
     """
     from dfbench.benchmark.metrics.client_quality import client_quality_rows
     from dfbench.benchmark.metrics.coverage import mode_coverage_rows
@@ -325,17 +352,15 @@ def evaluate_samples(
     from dfbench.benchmark.core.seeds import derive_seed
     from dfbench.benchmark.metrics.uncertainty import FrechetReference, default_replicates
 
+    opts, clients = _options(options, clients, knobs)
+    reference_split, device, batch_size, seed, progress = opts.reference_split, opts.device, opts.batch_size, opts.seed, opts.progress
     _check_dataset(dataset)
     _check_images(images, dataset)
-    chosen = _resolve_metrics(metrics, dataset, inception_weights)
-    if bootstrap is not None and (bootstrap < 0 or bootstrap == 1):
-        raise ValueError(f"bootstrap must be 0 (no interval), >= 2 replicates, or None (default), got {bootstrap}")
-    if client_indices is not None and group_of_client is not None and len(group_of_client) != len(client_indices):
-        raise ValueError(f"group_of_client has {len(group_of_client)} entries for {len(client_indices)} clients")
+    chosen = _resolve_metrics(metrics, dataset, opts.inception_weights)
 
     # Fail on missing weights before any (slow) feature work.
     needed = list(dict.fromkeys(str(table.extractor_of(m)) for m in chosen))
-    given = {"inception": inception_weights, "clean": clean_weights}
+    given = {"inception": opts.inception_weights, "clean": opts.clean_weights}
     # third-party weights are looked up; the committed Fashion-MNIST networks are checked by get_extractor
     paths = {name: find_weights(name, given[name]) for name in needed if name in given}  # type: ignore[arg-type]
     extractors = {name: get_extractor(name, weights=paths.get(name), device=device) for name in needed}  # type: ignore[arg-type]
@@ -350,7 +375,7 @@ def evaluate_samples(
         feats = extractor.features(images, batch_size=batch_size, device=device, progress=progress)
         ref = _reference(
             dataset, reference_split, extractor,
-            data_root=data_root, cache_dir_=cache_dir, batch_size=batch_size, progress=progress,
+            data_root=opts.data_root, cache_dir_=opts.cache_dir, batch_size=batch_size, progress=progress,
         )
         label_counts = ref["label_counts"]
         common = {"extractor": extractor.name, "extractor_sha256": extractor.sha256, "backend": extractor.backend,
@@ -359,17 +384,17 @@ def evaluate_samples(
             interval = None
             if table.METRICS[metric].kind == "kid":  # in this extractor's space, against the cached reference subset
                 value, std_err = kid(
-                    feats, ref["kid_features"], num_subsets=kid_subsets, subset_size=kid_subset_size, seed=0
+                    feats, ref["kid_features"], num_subsets=opts.kid_subsets, subset_size=opts.kid_subset_size, seed=0
                 )
                 std_err = None if np.isnan(std_err) else float(std_err)
                 if std_err is not None:  # normal interval from the spread of the subset estimates
                     interval = {"ci_low": value - 1.96 * std_err, "ci_high": value + 1.96 * std_err, "ci_level": 0.95,
                                 "ci_method": "95% normal interval from the spread of KID subset estimates",
-                                "ci_replicates": kid_subsets}
+                                "ci_replicates": opts.kid_subsets}
             else:
                 value = frechet_distance(feats.mean(axis=0), np.cov(feats, rowvar=False), ref["mu"], ref["sigma"])
                 std_err = None
-                replicates = default_replicates(extractor.dims) if bootstrap is None else bootstrap
+                replicates = default_replicates(extractor.dims) if opts.bootstrap is None else opts.bootstrap
                 if replicates:
                     fd_ref = FrechetReference(ref["mu"], ref["sigma"], device=device)  # sqrt(Sigma_ref) once
                     _, ci, _ = fd_ref.bootstrap(feats, replicates=replicates, seed=derive_seed(seed, "bootstrap", metric))
@@ -386,20 +411,20 @@ def evaluate_samples(
             named = {table.prdc_metric(key, name): value for key, value in scores.items()}
             extra += [{"metric": metric, "value": value, "better": table.better(metric), "prdc_k": 3,
                        "prdc_reference_rows": size, **common, "num_samples": size} for metric, value in named.items()]
-        if client_indices is None:
+        if clients is None:
             continue
         client_names = table.client_metric_names(table.frechet_metric(name))
         needs = table.reference_split_of(client_names[0], reference_split)
         if needs != reference_split:
             notes.append(f"per-client quality: needs eval.reference_split={needs} (the clients' split), got {reference_split!r}")
             continue
-        if client_split_size is not None and client_split_size != int(ref["num_samples"]):
-            notes.append(f"per-client quality: the clients' data ({client_split_size} images) is not the "
+        if clients.split_size is not None and clients.split_size != int(ref["num_samples"]):
+            notes.append(f"per-client quality: the clients' data ({clients.split_size} images) is not the "
                          f"{reference} split ({int(ref['num_samples'])} images)")
             continue
         client_rows, why = client_quality_rows(
-            table.frechet_metric(name), feats, ref["kid_features"], ref["subset_indices"], client_indices,
-            group_of_client,
+            table.frechet_metric(name), feats, ref["kid_features"], ref["subset_indices"], clients.indices,
+            clients.group_of_client,
         )
         extra += [{**row, **common} for row in client_rows]
         notes += [why] if why else []
