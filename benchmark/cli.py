@@ -196,7 +196,7 @@ def cmd_report(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.drift import missing_drift
     from dfbench.benchmark.report.build import build_report
     from dfbench.benchmark.report.frames import parse_target
-    from dfbench.benchmark.report.run_folders import find_run_dirs
+    from dfbench.benchmark.report.run_records import find_run_dirs
 
     try:
         target = parse_target(a.target) if a.target else None  # before anything is written
@@ -289,7 +289,7 @@ def record_drift(path: str | Path, device: str | None) -> None:
     (`dfbench eval`; the grid's last worker does the same for its cells): the reporter only reads."""
     from dfbench.benchmark.engine.evaluate import eval_device
     from dfbench.benchmark.metrics.drift import record_missing_drift
-    from dfbench.benchmark.report.run_folders import find_run_dirs
+    from dfbench.benchmark.report.run_records import find_run_dirs
 
     if written := record_missing_drift(find_run_dirs(path), device=eval_device(device)):
         print(f"{path}: drift recorded (drift.json) for {len(written)} run(s) evaluated before their dense reference was done")

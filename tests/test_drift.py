@@ -240,6 +240,6 @@ def test_dfbench_report_leaves_every_byte_of_every_run_folder_as_it_was(tmp_path
     csv = (tmp_path / "report" / "leaderboard.csv").read_text()
     assert "drift_pixel_mean" in csv.splitlines()[0]
     # the record of drift.json is read beside metrics.json, as rescored.json is
-    from dfbench.benchmark.report.run_folders import read_run
+    from dfbench.benchmark.report.run_records import read_run
 
     assert read_run(recorded).metrics["drift"]["pixel"] == 0.4 and "drift" not in read_run(late).metrics

@@ -125,7 +125,7 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
     assert [r["metric"] for r in added] == ["denoise_loss"] and "1 run(s) rescored" in out
     assert added[0]["value"] == pytest.approx(_loss(trained)["value"], rel=1e-6)
     # the reporter reads the added row beside metrics.json's
-    from dfbench.benchmark.report.run_folders import read_run
+    from dfbench.benchmark.report.run_records import read_run
 
     record = read_run(d)
     assert [r["metric"] for r in record.metrics["evaluations"]].count("denoise_loss") == 1

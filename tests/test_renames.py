@@ -106,7 +106,7 @@ def test_a_grid_with_old_keys_expands_to_the_new_names_run_ids(tmp_path):
 
 def test_the_reporter_groups_old_and_new_config_json_alike():
     from dfbench.benchmark.report.frames import grouped_config
-    from dfbench.benchmark.report.run_folders import normalize_config
+    from dfbench.benchmark.report.run_records import normalize_config
 
     cfg = apply_overrides(RunConfig(), {"eval.leakage_metrics": True, "eval.leakage_members": 64})
     new = cfg.record()
@@ -156,7 +156,7 @@ def test_the_pinned_pruning_ids_hold_under_both_names():
 
 def test_an_old_run_config_json_with_the_old_hyperparameter_loads_and_groups_with_a_new_one():
     from dfbench.benchmark.report.frames import grouped_config
-    from dfbench.benchmark.report.run_folders import normalize_config
+    from dfbench.benchmark.report.run_records import normalize_config
 
     cfg = apply_overrides(RunConfig(), {"method": "heterofl", "method.masked_mean": "zero_fill"})
     new = json.loads(json.dumps(cfg.record()))
@@ -188,3 +188,18 @@ def test_a_grid_method_spec_with_the_old_name_gives_the_new_names_run_id(tmp_pat
     with pytest.warns(DeprecationWarning, match="'method.aggregation'"):
         old = [c.run_id for c in load_grid(tmp_path / "old.toml").cells]
     assert old == new and len(new) == 1
+
+
+# -- modules: core/runfolder.py is the run-folder format, report/run_records.py (was report/run_folders.py)
+# the reporter's reader ------------------------------------------------------------------------------------
+
+def test_the_readers_old_module_path_warns_and_is_the_new_module():
+    import importlib
+    import sys
+
+    from dfbench.benchmark.report import run_records
+
+    sys.modules.pop("dfbench.benchmark.report.run_folders", None)
+    with pytest.warns(DeprecationWarning, match="report.run_folders moved to dfbench.benchmark.report.run_records"):
+        old = importlib.import_module("dfbench.benchmark.report.run_folders")
+    assert old is run_records and old.load_runs is run_records.load_runs

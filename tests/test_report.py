@@ -288,7 +288,7 @@ def test_later_fields_at_their_neutral_value_and_memory_knobs_do_not_split_a_set
     """A run folder written before `train.lr_decay` / `train.time_sampling` / the eval batches existed
     and one written after, at their neutral values, are seeds of ONE setting, not two."""
     from dfbench.benchmark.report.frames import runs_frame
-    from dfbench.benchmark.report.run_folders import RunRecord
+    from dfbench.benchmark.report.run_records import RunRecord
 
     base = {"method": "fedavg", "method_params": {}, "dataset": "fmnist", "partition": "iid", "rounds": 2, "lr": 0.002}
     old = RunRecord(path=tmp_path / "a", config={**base, "seed": 0}, metrics={}, rounds=[])

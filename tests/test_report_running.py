@@ -15,7 +15,7 @@ from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.lock import RunLock
 from dfbench.benchmark.report.build import build_report
-from dfbench.benchmark.report.run_folders import load_runs
+from dfbench.benchmark.report.run_records import load_runs
 from helpers import SMALL, TINY, start_workers, tiny_config, wait_workers, write_grid
 
 pytestmark = pytest.mark.slow  # real grid workers and whole reports

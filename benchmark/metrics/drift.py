@@ -17,7 +17,7 @@ already there (`attach_drift`). A run evaluated before its reference finished (g
 cells side by side) gets the same record later from `record_missing_drift`, in a file of its own,
 drift.json (`runfolder.DRIFT`): nothing rewrites metrics.json after the evaluation. The grid's
 last worker calls it once its cells are done, and `dfbench eval` for the runs it is given.
-Readers take metrics.json's record, else drift.json's (`later_drift`; report/run_folders.py
+Readers take metrics.json's record, else drift.json's (`later_drift`; report/run_records.py
 merges it as it merges rescored.json). The reporter only reads (`recorded_drift`, `missing_drift`
 to name what is still to record); it never computes one and never writes into a run folder.
 """
@@ -256,6 +256,6 @@ def run_drift(run: str | Path) -> dict[str, Any] | None:
 def recorded_drift(metrics: dict[str, Any]) -> dict[str, Any] | None:
     """The drift record of a run's metrics, or None when it has none (the reporter computes nothing).
 
-    `metrics` as report/run_folders.py reads it (drift.json merged in), or metrics.json alone."""
+    `metrics` as report/run_records.py reads it (drift.json merged in), or metrics.json alone."""
     rec = metrics.get("drift")
     return rec if isinstance(rec, dict) else None

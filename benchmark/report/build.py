@@ -9,7 +9,7 @@ reason -- nothing is dropped silently.
 Entry point: :func:`build_report`. :func:`collect` gives the same tables as
 pandas frames for notebooks and tests. The work is split by concern:
 
-- ``run_folders``   reading run folders (``RunRecord`` / ``RunFailure``)
+- ``run_records``   reading run folders (``RunRecord`` / ``RunFailure``)
 - ``frames``        per-run frames, seed aggregation, ranks (``collect``); which metric ranks and
                     which direction is better come from ``benchmark/metrics/table.py``
 - ``formatting``    cell formatting shared by the writers
@@ -32,7 +32,7 @@ from dfbench.benchmark.report.mosaic import make_mosaic
 from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, primary_metric, runs_frame
 from dfbench.benchmark.report.formatting import block_title, blocks, metric_provenance, safe_name
 from dfbench.benchmark.report.layout import META_FILE, PageMeta, metrics_of
-from dfbench.benchmark.report.run_folders import RunFailure, RunRecord, find_run_dirs, format_params, load_runs, normalize_config, parse_alpha, read_run
+from dfbench.benchmark.report.run_records import RunFailure, RunRecord, find_run_dirs, format_params, load_runs, normalize_config, parse_alpha, read_run
 from dfbench.benchmark.report.page import write_html
 from dfbench.benchmark.report.tables import failure_rows, write_csv, write_inference_csv, write_markdown
 

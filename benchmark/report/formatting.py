@@ -16,7 +16,7 @@ import pandas as pd
 from dfbench.benchmark.report.frames import ordered_metrics
 # Config keys listed after the other varying ones in a block's main table (shown only when they vary).
 from dfbench.benchmark.report.names import ALWAYS_SHOWN_CONFIG  # noqa: F401  (re-exported)
-from dfbench.benchmark.report.run_folders import to_float
+from dfbench.benchmark.report.run_records import to_float
 
 
 def fmt_number(value: Any, digits: int = 4) -> str:

@@ -26,7 +26,7 @@ from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
 from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
-from dfbench.benchmark.report.run_folders import (
+from dfbench.benchmark.report.run_records import (
     RunFailure,
     RunRecord,
     cell_value,

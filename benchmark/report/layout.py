@@ -37,7 +37,7 @@ from dfbench.benchmark.report.formatting import (
 )
 from dfbench.benchmark.report.names import hyperparameters, is_baseline, setting_names, shown as _shown
 from dfbench.benchmark.report.names import varying_config
-from dfbench.benchmark.report.run_folders import to_float
+from dfbench.benchmark.report.run_records import to_float
 
 META_FILE = "report.json"
 META_VERSION = 1

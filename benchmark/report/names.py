@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from dfbench.benchmark.core.config import SECTIONS, experiment_schema
-from dfbench.benchmark.report.run_folders import normalize_config, to_float
+from dfbench.benchmark.report.run_records import normalize_config, to_float
 
 # Config keys named after the other varying ones (the budget), in a name and in a block's main table.
 ALWAYS_SHOWN_CONFIG: tuple[str, ...] = ("rounds",)

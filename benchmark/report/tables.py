@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from dfbench.benchmark.report.layout import PageMeta, Section, Table, failures_table, sections, summary
-from dfbench.benchmark.report.run_folders import RunFailure
+from dfbench.benchmark.report.run_records import RunFailure
 
 
 def _md_cell(text: str) -> str:

@@ -154,7 +154,7 @@ def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
 
 def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
     study = load_study(runs_dir, metric, needs=COPY, missing=f"no runs with leakage metrics under {runs_dir} "
-                       "(eval.privacy_metrics=true); run the grid first")
+                       "(eval.leakage_metrics=true); run the grid first")
     table = privacy_table(study.data.runs, study.metric, reference)
     return write_study(out, "privacy", to_markdown(table, study.metric, reference), table,
                        lambda png: plot(table, study.metric, reference, png))
@@ -162,7 +162,7 @@ def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metr
 
 def main(argv: list[str] | None = None) -> int:
     return study_main(argv, "dfbench.benchmark.studies.privacy", __doc__, "privacy.md/.csv/.png",
-                      "the setting the paired differences are against (default fedavg)", write, runs_help="root of the run folders (made with eval.privacy_metrics=true)")
+                      "the setting the paired differences are against (default fedavg)", write, runs_help="root of the run folders (made with eval.leakage_metrics=true)")
 
 
 if __name__ == "__main__":
