@@ -4,7 +4,7 @@
 
 For every finished random_prune / topk_prune run under the given roots, compares the final global
 model with the run's seeded initial model. A weight that no client ever trained keeps its initial
-value bit for bit (the `covered` aggregation leaves entries nobody trained untouched); one that any
+value bit for bit (`masked_mean=covered` leaves entries nobody trained untouched); one that any
 client trained moves (every step of Adam moves a weight whose gradient is not exactly zero). So
 
 - trained:            the share of prunable weights that differ from their initial value;

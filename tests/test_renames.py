@@ -203,3 +203,13 @@ def test_the_readers_old_module_path_warns_and_is_the_new_module():
     with pytest.warns(DeprecationWarning, match="report.run_folders moved to dfbench.benchmark.report.run_records"):
         old = importlib.import_module("dfbench.benchmark.report.run_folders")
     assert old is run_records and old.load_runs is run_records.load_runs
+
+
+def test_the_command_line_takes_old_names_and_says_the_new_ones(capsys):
+    from dfbench.benchmark.cli import main
+
+    with pytest.warns(DeprecationWarning, match="'eval.privacy_metrics'.*'eval.leakage_metrics'"):
+        assert main(["run", "--method", "random_prune", "--set", "eval.privacy_metrics=true",
+                     "--set", "method.aggregation=zero_fill", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert '"leakage_metrics": true' in out and '"masked_mean": "zero_fill"' in out
