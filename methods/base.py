@@ -65,6 +65,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 import numpy as np
 import torch
 
+from dfbench.benchmark.core.parsing import deprecated_key
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -264,6 +266,12 @@ class Method:
     #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean; was `aggregation`)
     masked_mean: str = "covered"
 
+    @property
+    def aggregation(self) -> str:
+        """The old name of `masked_mean`, read for one release ("aggregation" is the server step in general)."""
+        deprecated_key("Method.aggregation", "Method.masked_mean")
+        return self.masked_mean
+
     # -- capabilities (declared; refused before any data is loaded) -------------------------
     #: What the method can and cannot do, as ONE value (see `Capabilities`); a subclass declares
     #: its own whole value (``capabilities = Capabilities(several_ranks=False, needs="...")``), or
@@ -281,6 +289,11 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "aggregation" in cls.__dict__ and not isinstance(cls.__dict__["aggregation"], property):
+            # the old name of `masked_mean` (one release): folded into it, with the warning naming it
+            cls.masked_mean = cls.__dict__["aggregation"]
+            delattr(cls, "aggregation")
+            deprecated_key(f"{cls.__name__}.aggregation", f"{cls.__name__}.masked_mean")
         own = cls.__dict__.get("capabilities")
         if own is not None and not isinstance(own, Capabilities):
             raise TypeError(f"{cls.__qualname__}.capabilities must be a methods.Capabilities, not {type(own).__name__}")
