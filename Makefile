@@ -108,7 +108,7 @@ bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and 
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy && \
 	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
 
-bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (~12 min on 2 cores), results in results/metric-calibration/
+bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it
 	OMP_NUM_THREADS=1 $(BIN)/python -m dfbench.benchmark.studies.calibration --out results/metric-calibration
 
