@@ -14,6 +14,7 @@ a test: its numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -29,6 +30,17 @@ from dfbench.benchmark.engine import evaluate, heldout, lifecycle  # noqa: E402
 from dfbench.benchmark.engine.context import build_context  # noqa: E402,F401  (the context the run used)
 from dfbench.benchmark.grid.spec import load_grid  # noqa: E402
 from dfbench.benchmark.metrics import scoring, table  # noqa: E402
+
+
+def _cpu() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _best(fn, repeats: int) -> float:
@@ -79,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     added_features = parts[names[2]] - parts[names[1]]
     added = added_features + parts[names[3]]
     lines = [
-        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread "
+        f"Machine: {_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread "
         f"(`scripts/eval_cost.py`, best of {a.repeats}).",
         "",
         "| part | seconds | share of the cell |",
