@@ -328,7 +328,7 @@ def _agreement_table(agreed: Mapping[str, Any]) -> tuple[Table, str]:
     fails = [r["metric"] for r in agreed["rows"] if r.get("agrees_on_best") is False]
     if holds:
         said = f"{winner}, first by {primary}, is also first by {_join(holds)}" + (f"; not by {_join(fails)}" if fails else "") + "."
-        suffix = "" if not fails else f" First place holds under {primary} and {_join(holds)}, not under {_join(fails)}."
+        suffix = "" if not fails else f" First place holds under {_join([primary, *holds])}; not under {_join(fails)}."
     else:
         said = f"{winner} is first by {primary} only: every other quality metric puts another setting first."
         suffix = f" This first place holds under {primary} only (see Metric agreement)."
