@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import io
 import re
 import time
@@ -54,6 +55,19 @@ def save_grid(images: torch.Tensor, side: int, path: Path) -> None:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     runfolder.atomic_write_bytes(path, buf.getvalue())  # a kill never leaves half a PNG
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a tensor's values (float32, C order, little-endian): equal exactly when the values are."""
+    return hashlib.sha256(t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4").tobytes()).hexdigest()
+
+
+def pairing_fingerprints(cfg: RunConfig, ctx: Any) -> dict[str, str]:
+    """What two runs at the same seed must share to be compared seed-paired (benchmark/report/verdicts.py):
+    the seeded initial parameters and the fixed evaluation noises (the partition's own digest is
+    partition.json's indices_sha256)."""
+    noise = fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)
+    return {"init_sha256": tensor_sha256(ctx.init_params), "eval_noise_sha256": tensor_sha256(noise)}
 
 
 def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor,
@@ -251,6 +265,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "client_images": round(float(totals.get("client_images", 0.0)), 3),  # client work, in full-model images
         "num_parameters": int(ctx.layout.total),
         "used_ema": ema is not None,
+        "pairing": pairing_fingerprints(cfg, ctx),
         "environment": runfolder.environment(cfg.device),
         **extra,
     }

@@ -39,7 +39,7 @@ from dfbench.benchmark.metrics.prdc import PRDC_METRICS
 __all__ = [
     "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "METRICS", "Metric", "PRIMARY", "REQUESTABLE", "auto_metrics",
     "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
-    "prdc_metric", "reference_split_of",
+    "prdc_metric", "reference_split_of", "scale",
 ]
 
 Better = Literal["lower", "higher"]
@@ -124,6 +124,20 @@ def better(name: str) -> Better | None:
     """"lower" or "higher" (which value is better), or None for a name the table does not know."""
     m = METRICS.get(name)
     return m.better if m is not None else None
+
+
+# Kinds whose values are positive by construction (a Frechet distance of differing sets, a mean
+# squared error): compared on the log scale, as ratios, so no interval of them reaches zero. KID is an
+# unbiased estimate that can be negative; precision & co. and the class counts can be 0: differences.
+_LOG_KINDS: frozenset[str] = frozenset({"frechet", "client", "model"})
+
+
+def scale(name: str) -> Literal["log", "difference"]:
+    """How the verdicts (benchmark/report/verdicts.py) compare two settings on metric `name`: "log"
+    (ratios, intervals of a positive quantity stay positive) or "difference" (a metric that can be 0 or
+    negative, or one the table does not know)."""
+    m = METRICS.get(name)
+    return "log" if m is not None and m.kind in _LOG_KINDS else "difference"
 
 
 def extractor_of(name: str) -> str | None:
