@@ -217,7 +217,13 @@ def cmd_report(a: argparse.Namespace) -> int:
     # The reporter only reads run folders: it writes nothing into them and computes no drift (that
     # needs the extractors and their weights). A run evaluated before its dense reference finished,
     # and not caught by its grid's last worker, shows no drift; say which command records it.
-    paths = build_report(a.runs, a.out, target)
+    from dfbench.benchmark.report.claims import ClaimsError
+
+    try:
+        paths = build_report(a.runs, a.out, target, reference=a.reference, margin=a.margin, claims=a.claims)
+    except (ClaimsError, ValueError) as err:  # a bad claims file or margin: said before anything is written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     for k, v in paths.items():
         print(f"{k}: {v}")
     if pending := missing_drift(find_run_dirs(a.runs)):
@@ -390,6 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no run folders: re-render --out's leaderboard.md and .html (and the plots drawn from the table: "
                           "metric vs alpha, metric vs uplink) from its leaderboard.csv and report.json; mosaics and "
                           "other plots are kept as they are")
+    rep.add_argument("--reference", default="fedavg",
+                     help="the setting every other one is compared with, seed-paired, in each block (a setting label or a "
+                          "method without hyperparameters; default fedavg)")
+    rep.add_argument("--margin", type=float, default=None,
+                     help="equivalence margin as a fraction of the reference's score (default 0.1: within ±10%% is "
+                          "'equivalent' when two one-sided tests say so)")
+    rep.add_argument("--claims", metavar="FILE",
+                     help="a study's claims file (benchmark/grid/builtin/<grid>.claims.toml): writes claims.md / "
+                          "claims.csv, each claim decided from the runs, and quotes the table into --out's README.md "
+                          "where it has the claims block")
     add_plugin_args(rep)
     rep.set_defaults(func=cmd_report)
 

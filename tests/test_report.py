@@ -73,14 +73,19 @@ def test_mean_std_n_and_rank(report: tuple[Path, Path, dict[str, Path]]) -> None
     assert rp["compression_ratio"] == pytest.approx(4.0)
     assert rp["param.keep_ratio"] == pytest.approx(0.5) and rp["param.scope"] == "layer"
     assert rp["params"] == "keep_ratio=0.5, scope=layer"
-    # rank = 1 + settings clearly better: fedavg's t-interval over seeds 10, 14 is 12 ± 25.4 and
-    # overlaps both single-seed points (no interval recorded: the points 11 and 13), so it ties
-    # with random_prune (11) at rank 1; 11 is clearly below 13, so topk_prune is 2nd.
+    # rank: the order of the scores, fedavg's the geometric mean of 10 and 14 (sqrt(140) = 11.83) between
+    # random_prune's 11 and topk_prune's 13; one untrained seed without recorded intervals shows none of
+    # them better than the untrained model, so all three are flagged alike and the order stands
     ranks = dict(zip(csv["method"] + csv["baseline"].map({True: "-base", False: ""}), csv["rank"]))
-    assert (ranks["random_prune"], ranks["fedavg"], ranks["topk_prune"]) == (1, 1, 2)
-    ties = dict(zip(csv["method"] + csv["baseline"].map({True: "-base", False: ""}), csv["rank_tie"]))
-    assert (ties["random_prune"], ties["fedavg"], ties["topk_prune"]) == (True, True, False)
-    assert fedavg["fd_fmnist_ci_low"] == pytest.approx(12 - stats.t.ppf(0.975, 1) * 2.0)
+    assert (ranks["random_prune"], ranks["fedavg"], ranks["topk_prune"]) == (1, 2, 3)
+    assert fedavg["fd_fmnist_gmean"] == pytest.approx(math.sqrt(140.0))
+    # the interval of the geometric mean: mean log +- t(0.975, 1) x sd(log) / sqrt(2), mapped back
+    logs = [math.log(10.0), math.log(14.0)]
+    half = stats.t.ppf(0.975, 1) * abs(logs[1] - logs[0]) / math.sqrt(2) / math.sqrt(2)
+    assert fedavg["fd_fmnist_ci_low"] == pytest.approx(math.exp(sum(logs) / 2 - half))
+    assert fedavg["fd_fmnist_ci_low"] > 0
+    assert fedavg["verdict"] == "reference" and rp["verdict"] == "inconclusive" and rp["paired_seeds"] == 1
+    assert rp["estimate"] == pytest.approx(11.0 / 10.0)  # paired on the one seed they share (seed 0)
     assert math.isnan(ranks["fedavg-base"])
     assert list(csv["method"])[:3] == ["random_prune", "fedavg", "topk_prune"]
 
@@ -89,7 +94,7 @@ def test_markdown_content(report: tuple[Path, Path, dict[str, Path]]) -> None:
     _, _, written = report
     md = written["leaderboard_md"].read_text()
     assert "## fmnist / iid" in md
-    assert "12 ± 2.8" in md  # fedavg mean ± std
+    assert "11.83 [" in md  # fedavg's geometric mean [interval]
     assert "4.0× less" in md  # random_prune's uplink vs fedavg's
     assert "untrained (fedavg)" in md
     assert "0.02 ± 0.003 (s.e.)" in md
@@ -130,11 +135,11 @@ def test_main_table_reads_at_a_glance(report: tuple[Path, Path, dict[str, Path]]
     rows = {r[1]: dict(zip(header, r)) for r in main[1:]}
     # random_prune's keep_ratio=0.5 is its default: not shown; scope is not one of its hyperparameters: shown
     assert rows["random_prune"]["hyperparameters"] == "scope=layer"
-    assert rows["fedavg"]["fd_fmnist ↓"].startswith("12 ± 2.8")
+    assert rows["fedavg"]["fd_fmnist ↓"].startswith("11.83 [")
     secondary = _table_rows(block, "| rank | setting |")
     assert "kid ↓" in secondary[0] and any(r[1] == "random_prune (scope=layer)" for r in secondary[1:])
     # the first sentence says who ranks first and with what
-    assert block.strip().splitlines()[0].startswith("**random_prune (scope=layer)** ranks first: fd_fmnist 11")
+    assert block.strip().splitlines()[0].startswith("**random_prune (scope=layer)** has the best fd_fmnist 11")
     assert block.count("extractor=fmnist_cnn") == 1  # fd_fmnist's provenance, once for the block
 
 

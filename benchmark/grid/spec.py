@@ -124,8 +124,9 @@ class Grid:
 
 
 def builtin_grids() -> list[str]:
-    """Names of the grids shipped in benchmark/grid/builtin/."""
-    return sorted(p.stem for p in GRIDS_DIR.glob("*.toml"))
+    """Names of the grids shipped in benchmark/grid/builtin/ (a grid's claims, NAME.claims.toml beside it, are
+    not grids: benchmark/report/claims.py reads them)."""
+    return sorted(p.stem for p in GRIDS_DIR.glob("*.toml") if not p.name.endswith(".claims.toml"))
 
 
 def resolve_grid(name_or_path: str | Path) -> Path:

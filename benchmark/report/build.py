@@ -26,7 +26,10 @@ a new page layout reaches a committed report without its run folders.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+
+import pandas as pd
 
 from dfbench.benchmark.report.mosaic import make_mosaic
 from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, primary_metric, runs_frame
@@ -45,7 +48,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, float] | None = None) -> dict[str, Path]:
+def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, float] | None = None, *,
+                 reference: str = "fedavg", margin: float | None = None, claims: str | Path | None = None) -> dict[str, Path]:
     """Read every run under ``runs_dir`` and write the leaderboard, plots and mosaics to ``out_dir``.
 
     Returns the written files by name: ``leaderboard_md``, ``leaderboard_csv``,
@@ -54,14 +58,26 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     inference rules: the result's and the others, which the leaderboard never ranks), and
     ``skipped`` (a text file listing every plot or mosaic that was skipped and why)
     when anything was skipped. `target` (metric, value): the leaderboard gives each setting's
-    simulated time to first reach that quality on its curve (eval.every).
+    simulated time to first reach that quality on its curve (eval.every). `reference`, `margin`: the
+    setting every other one is compared with seed-paired, and the equivalence margin (verdicts.py).
+    Also ``runs_csv`` (runs.csv: one row per run, its scores and pairing records: what the verdicts and
+    claims are computed from) and, with a `claims` file, ``claims_md`` / ``claims_csv`` (claims.py),
+    quoted into ``out_dir``/README.md where it has the claims block.
     """
+    from dfbench.benchmark.report import verdicts
     from dfbench.benchmark.report.plots import make_plots  # matplotlib is heavy; import only when drawing
 
     root = Path(runs_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = collect(root, target)
+    claim_list = None
+    if claims is not None:  # a bad claims file stops the report before anything is written
+        from dfbench.benchmark.report.claims import load_claims
+
+        claim_list = load_claims(claims)
+    margin = verdicts.MARGIN if margin is None else margin
+    verdicts.equivalence_bounds("log", margin, 1.0)  # a bad margin stops it too
+    data = collect(root, target, reference=reference, margin=margin)
     images: dict[str, Path] = {}
     notes: list[str] = []
 
@@ -99,6 +115,11 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         "leaderboard_md": write_markdown(data.table, data.metrics, meta, out, _targets(images, out)),
         "leaderboard_html": write_html(data.table, data.metrics, meta, out, images),
     }
+    written["runs_csv"] = write_runs_csv(data.runs, data.metrics, out / "runs.csv")
+    if claim_list is not None:
+        from dfbench.benchmark.report.claims import write_claims
+
+        written.update(write_claims(data.runs, claims, out, primary_metric(data.metrics)))  # type: ignore[arg-type]
     if not data.inference.empty:  # only then: a report over runs without rule rows is what it always was
         written["inference_rules_csv"] = write_inference_csv(data.inference, out / "inference_rules.csv")
     written.update(images)
@@ -107,6 +128,24 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         skipped.write_text("\n".join(notes) + "\n", encoding="utf-8")
         written["skipped"] = skipped
     return written
+
+
+RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
+               "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb"]
+
+
+def write_runs_csv(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
+    """runs.csv: one row per run with its setting, seed, pairing records (partition, initial model,
+    evaluation noises), hyperparameters, config and every metric (with the run's own interval), so the
+    verdicts and claims of a committed study can be decided again without its run folders."""
+    if runs.empty:
+        pd.DataFrame(columns=RUN_COLUMNS).to_csv(path, index=False)
+        return path
+    cols = [c for c in RUN_COLUMNS if c in runs]
+    cols += sorted(c for c in runs.columns if c.startswith("param.")) + sorted(c for c in runs.columns if c.startswith("cfg."))
+    cols += [c for m in metrics for c in (m, f"{m}__lo", f"{m}__hi") if c in runs]
+    runs[cols].sort_values(["dataset", "partition", "setting", "seed"], kind="stable").to_csv(path, index=False)
+    return path
 
 
 def _relative(path: Path, start: Path) -> str | None:
@@ -142,9 +181,10 @@ def rerender(out_dir: str | Path, target: tuple[str, float] | None = None) -> di
         meta.target = list(target)
     table = pd.read_csv(csv, keep_default_na=True)
     params = table["params"].fillna("")
-    table = pd.concat([table.drop(columns=["params"]), pd.DataFrame({
+    rebuilt = [f"{m} [{p}]" if p else str(m) for m, p in zip(table["method"], params)]  # an older CSV has no setting
+    table = pd.concat([table.drop(columns=["params", "setting"], errors="ignore"), pd.DataFrame({
         "params": params,
-        "setting": [f"{m} [{p}]" if p else str(m) for m, p in zip(table["method"], params)],
+        "setting": table["setting"].fillna("").astype(str).tolist() if "setting" in table else rebuilt,
         "alpha": table["partition"].map(parse_alpha),
     }, index=table.index)], axis=1)
     metrics = metrics_of(table)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -31,11 +31,16 @@ def fmt_number(value: Any, digits: int = 4) -> str:
 
 
 def fmt_metric(row: pd.Series, metric: str, group_n: int) -> str:
+    """A setting's score: over seeds of a positive metric its geometric mean [interval], of any other
+    its mean ± std [interval]; one seed: the value ± its standard error where the metric has one."""
     mean, std, n, se = (row[f"{metric}_{s}"] for s in ("mean", "std", "n", "stderr"))
     if n == 0 or pd.isna(mean):
         return ""
+    gmean = to_float(row.get(f"{metric}_gmean", math.nan))
     text = fmt_number(mean)
-    if n > 1 and not pd.isna(std):
+    if n > 1 and not math.isnan(gmean):
+        text = fmt_number(gmean)
+    elif n > 1 and not pd.isna(std):
         text += f" ± {fmt_number(std, 2)}"
     elif n == 1 and not pd.isna(se):
         text += f" ± {fmt_number(se, 2)} (s.e.)"
@@ -44,6 +49,21 @@ def fmt_metric(row: pd.Series, metric: str, group_n: int) -> str:
         text += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]"
     if n != group_n:
         text += f" (n={n})"
+    return text
+
+
+def rank_text(row: Mapping[str, Any]) -> str:
+    """"2 (1–4)": the point rank and, in brackets, the ranks the setting takes over seed resamples
+    (verdicts.py; none with one seed). A page re-rendered from an older leaderboard.csv writes its
+    shared ranks as it did ("1=")."""
+    if pd.isna(row.get("rank")):
+        return ""
+    text = str(int(row["rank"]))
+    low, high = to_float(row.get("rank_low")), to_float(row.get("rank_high"))
+    if not (math.isnan(low) or math.isnan(high)):
+        text += f" ({int(low)})" if low == high else f" ({int(low)}–{int(high)})"
+    elif str(row.get("rank_tie")).lower() == "true":
+        text += "="
     return text
 
 
@@ -79,10 +99,15 @@ def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
     parts = list(by_kind) if len(by_kind) == 1 else [f"{', '.join(ms)}: {kind}" for kind, ms in by_kind.items()]
     text = "Intervals [low, high]: " + "; ".join(parts) + "."
     if primary:
-        text += (f" Rank = 1 + the number of settings whose {primary} interval lies wholly on the better side of "
-                 "this one's (clearly better); `=` marks a rank that several settings share: the differences between "
-                 "them are inside the uncertainty. Two settings whose intervals overlap can still rank apart when a "
-                 "third is clearly better than one of them only.")
+        text += (f" Rank: the order of the {primary} scores (a geometric mean over seeds for a positive metric), "
+                 "settings not shown better than the untrained model last; in brackets the ranks a setting takes "
+                 "over 2,000 resamples of the seeds (2.5–97.5 %, all settings resampled together, so the pairing "
+                 "by seed is kept). Paired column: each setting against the reference on the seeds they share "
+                 "(same partition, initial model and noises): the ratio of scores (or the difference, for a metric "
+                 "that can be 0) with its 95 % paired t-interval; better / worse when the Holm-corrected paired "
+                 "t-test rejects no difference, equivalent when the Holm-corrected two one-sided tests put it "
+                 "inside the margin, else inconclusive, with the seeds that would decide it at power 0.8. "
+                 "Collapsed: seeds whose score lies nearer the untrained model's than the reference's.")
     return text
 
 

@@ -24,7 +24,8 @@ from dfbench.benchmark.core import schema
 from dfbench.benchmark.core.config import SECTIONS, experiment_schema
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
-from dfbench.benchmark.metrics.uncertainty import t_interval, tie_ranks
+from dfbench.benchmark.metrics.uncertainty import t_interval
+from dfbench.benchmark.report import verdicts
 from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_records import (
     RunFailure,
@@ -133,6 +134,15 @@ def _metric_keys(evaluations: Iterable[Any], warnings: list[str]) -> list[tuple[
     return keyed
 
 
+def _partition_digest(path: Path) -> str | None:
+    """partition.json's indices_sha256 (the partition's digest), or None when the file or key is missing."""
+    try:
+        digest = runfolder.read_json(Path(path) / runfolder.PARTITION).get("indices_sha256")
+    except Exception:  # noqa: BLE001 - a run without a readable partition.json is simply not checked
+        return None
+    return digest if isinstance(digest, str) else None
+
+
 def is_variant(entry: Any) -> bool:
     """An evaluation row of one of the run's other sampling rules (metrics.json ``configured: false``,
     benchmark/engine/evaluate.py), not its result: never ranked, averaged or shown in the leaderboard."""
@@ -173,6 +183,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         # same-noise drift from the dense reference (benchmark/metrics/drift.py), as metrics.json records it
         drift_rec = recorded_drift(metrics) or {}
         drift_feats = list((drift_rec.get("features") or {}).values())
+        pairing = metrics.get("pairing") if isinstance(metrics.get("pairing"), dict) else {}
         row: dict[str, Any] = {
             "run_id": rec.run_id,
             "path": str(rec.path),
@@ -192,6 +203,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "sim_seconds": to_float(metrics.get("sim_seconds")),  # the simulated clock (absent before it: NaN)
             "client_images": to_float(metrics.get("client_images")),  # reported client work, full-model images
             "rounds_done": to_float(metrics.get("rounds")),
+            "num_parameters": to_float(metrics.get("num_parameters")),  # the trained network's (metrics.json)
             "gamma_star": to_float(metrics.get("gamma_star")),
             "w2_mean": w2_mean,
             "drift": to_float(drift_feats[0]) if drift_feats else math.nan,  # the run's first extractor's features
@@ -201,6 +213,10 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             "epsilon": to_float((metrics.get("privacy") or {}).get("epsilon")),
             "uploads": float(uploads) if rec.rounds else math.nan,
             "grid": str(rec.grid) if rec.grid else None,
+            # what runs at the same seed must share to be paired (benchmark/report/verdicts.py); None: not recorded
+            "partition_sha256": _partition_digest(rec.path),
+            "init_sha256": pairing.get("init_sha256"),
+            "eval_noise_sha256": pairing.get("eval_noise_sha256"),
             # metrics that could not be computed: absent from the evaluations, said here
             "evaluation_notes": " ".join(str(n) for n in metrics.get("evaluation_notes") or []),
         }
@@ -316,8 +332,11 @@ def primary_metric(metric_names: Iterable[str]) -> str | None:
     return fds[0] if fds else None
 
 
-def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per setting (config minus seed/run_id): seeds as mean, std (ddof=1) and count n."""
+def aggregate(runs: pd.DataFrame, metrics: Sequence[str], *, reference: str = "fedavg",
+              margin: float = verdicts.MARGIN) -> pd.DataFrame:
+    """One row per setting (config minus seed/run_id): seeds as mean, std (ddof=1) and count n; per
+    dataset/partition block the paired verdicts against `reference` within +-`margin` and the ranks
+    (benchmark/report/verdicts.py)."""
     rows: list[dict[str, Any]] = []
     if runs.empty:
         return pd.DataFrame()
@@ -366,22 +385,33 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
         row["grid_seed"] = grp.loc[grids.index[0], "seed"] if len(grids) else None
         rows.append(row)
     table = pd.DataFrame(rows)
-    return _rank_and_compress(table, metrics)
+    return _rank_and_compress(table, metrics, runs, reference=reference, margin=margin)
 
 
 def _interval_columns(row: dict[str, Any], grp: pd.DataFrame, metric: str, values: pd.Series) -> None:
-    """{metric}_ci_low / _ci_high / _ci_method: a t-interval across >= 2 seeds, else the one run's own
-    interval (bootstrap for Frechet distances), else none (NaN: never a zero-width interval)."""
-    low = high = math.nan
+    """{metric}_ci_low / _ci_high / _ci_method (and _gmean): across >= 2 seeds, a Student-t interval of
+    the mean, taken on the log of a positive metric (`metrics.table.scale`) and mapped back: the interval
+    of the geometric mean, never below 0; else the one run's own interval (bootstrap for Frechet
+    distances); else none (NaN: never a zero-width interval)."""
+    low = high = gmean = math.nan
     method = None
+    positive = metric_table.scale(metric) == "log" and len(values) and bool((values > 0).all())
+    if positive:
+        gmean = float(np.exp(np.log(values.to_numpy(dtype=float)).mean()))
     if len(values) >= 2:
-        _, interval = t_interval(values.tolist())
-        low, high, method = interval.low, interval.high, interval.method  # type: ignore[union-attr]
+        if positive:
+            _, interval = t_interval(np.log(values.to_numpy(dtype=float)).tolist())
+            low, high = math.exp(interval.low), math.exp(interval.high)  # type: ignore[union-attr]
+            method = f"95% t-interval of the geometric mean (on log values) across {len(values)} seeds"
+        else:
+            _, interval = t_interval(values.tolist())
+            low, high, method = interval.low, interval.high, interval.method  # type: ignore[union-attr]
     elif len(values) == 1 and f"{metric}__lo" in grp:
         idx = values.index[0]
         low, high, method = float(grp.loc[idx, f"{metric}__lo"]), float(grp.loc[idx, f"{metric}__hi"]), grp.loc[idx, f"{metric}__ci"]
         method = method if isinstance(method, str) and not math.isnan(low) else None
     row[f"{metric}_ci_low"], row[f"{metric}_ci_high"], row[f"{metric}_ci_method"] = low, high, method
+    row[f"{metric}_gmean"] = gmean
 
 
 def better(metric: str, evals: pd.DataFrame | None = None) -> str:
@@ -404,26 +434,65 @@ def higher_is_better(evals: pd.DataFrame) -> set[str]:
     return {m for m in evals["metric"].unique() if better(m, evals) == "higher"}
 
 
-def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
-    """Per dataset/partition block: primary metric, rank (1 = best) and uplink ratio vs fedavg."""
+def is_reference(row: Mapping[str, Any], reference: str) -> bool:
+    """Whether an aggregated row is the block's reference: its setting label, or the method of that name
+    without parameters (an untrained baseline never is)."""
+    if bool(row.get("baseline")):
+        return False
+    return str(row.get("setting")) == reference or (str(row.get("method")) == reference and not row.get("params"))
+
+
+def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str) -> list[verdicts.Setting]:
+    """The block's settings as the verdicts see them: per seed the metric, the run's own interval and
+    its pairing records (partition, initial model, evaluation noises). Of several untrained baselines,
+    the reference method's is the floor."""
+    out: list[verdicts.Setting] = []
+    baselines = block[block["baseline"].astype(bool)]
+    floor = baselines[baselines["method"] == reference] if (baselines["method"] == reference).any() else baselines
+    floor_key = str(floor["group_key"].iloc[0]) if len(floor) else None
+    for _, row in block.iterrows():
+        if row["baseline"] and str(row["group_key"]) != floor_key:
+            continue
+        grp = runs[runs["group_key"] == row["group_key"]]
+        if metric in grp:
+            grp = grp[grp[metric].notna()]
+        else:
+            grp = grp.iloc[0:0]
+        values, prints, intervals = {}, {}, {}
+        for _, r in grp.iterrows():
+            seed = r["seed"]
+            values[seed] = float(r[metric])
+            prints[seed] = {k: r[k] for k in verdicts.FINGERPRINT_NAMES if isinstance(r.get(k), str)}
+            intervals[seed] = (to_float(r.get(f"{metric}__lo")), to_float(r.get(f"{metric}__hi")))
+        out.append(verdicts.Setting(key=str(row["group_key"]), values=values, fingerprints=prints,
+                                    budget=str(row["budget_key"]), intervals=intervals, baseline=bool(row["baseline"]),
+                                    is_reference=is_reference(row, reference)))
+    return out
+
+
+def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.DataFrame | None = None, *,
+                       reference: str = "fedavg", margin: float = verdicts.MARGIN) -> pd.DataFrame:
+    """Per dataset/partition block: primary metric, paired verdicts against `reference`, ranks with their
+    bootstrap intervals (verdicts.block_verdicts) and the uplink ratio vs fedavg."""
     table = table.copy()
     table["primary_metric"] = None
-    table["rank"] = math.nan
-    table["rank_tie"] = False
+    for col, default in verdicts.COLUMNS.items():
+        table[col] = pd.Series([default] * len(table), index=table.index, dtype=object)
     table["compression_ratio"] = math.nan
     table["compression_ref"] = None
     for _, block in table.groupby(["dataset", "partition"], sort=False):
         present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
         primary = primary_metric(present)
         table.loc[block.index, "primary_metric"] = primary
-        if primary is not None:
-            scored = block[~block["baseline"] & block[f"{primary}_mean"].notna()]
-            # Baselines are references, not contenders: they get no rank. Rank = 1 + the settings whose
-            # interval lies wholly below this one's (uncertainty.tie_ranks); a rank several settings hold is a tie.
-            ranked = tie_ranks(scored[f"{primary}_mean"].tolist(), scored[f"{primary}_ci_low"].tolist(),
-                               scored[f"{primary}_ci_high"].tolist(), higher_is_better=better(primary) == "higher")
-            table.loc[scored.index, "rank"] = [math.nan if r is None else r for r, _ in ranked]
-            table.loc[scored.index, "rank_tie"] = [tie for _, tie in ranked]
+        if primary is not None and runs is not None and len(runs):
+            # Baselines are references, not contenders: they get no rank (verdicts.block_verdicts).
+            settings = block_settings(block, runs, primary, reference)
+            found = verdicts.block_verdicts(settings, scale=metric_table.scale(primary),
+                                            lower_better=better(primary) != "higher", margin=margin)
+            setting_of = dict(zip(block["group_key"].astype(str), block["setting"]))
+            for idx, row in block.iterrows():
+                for col, value in found.get(str(row["group_key"]), {}).items():
+                    table.at[idx, col] = setting_of.get(value, value) if col == "reference" else value
         fedavg = block[(block["method"] == "fedavg") & ~block["baseline"]]
         for idx, row in block.iterrows():
             if row["baseline"] or fedavg.empty or not row["uplink_mb_mean"] > 0:
@@ -438,6 +507,10 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFr
                 per_upload = float((ref["uplink_mb_mean"] / ref["uploads_mean"]).mean())
                 table.loc[idx, "compression_ratio"] = per_upload / (row["uplink_mb_mean"] / row["uploads_mean"])
                 table.loc[idx, "compression_ref"] = "per upload"
+    for col in ("rank", "rank_low", "rank_high", "estimate", "estimate_low", "estimate_high", "p", "p_holm",
+                "p_equivalence", "p_equivalence_holm", "margin", "wins", "p_untrained_holm", "collapsed", "collapse_seeds",
+                "paired_seeds", "seeds_to_decide"):
+        table[col] = pd.to_numeric(table[col], errors="coerce")
     # Best first inside each block; baselines and unscored settings at the bottom.
     order = table.assign(_rank=table["rank"].fillna(np.inf))
     order["_value"] = [_sign(row["primary_metric"]) * row.get(f"{row['primary_metric']}_mean", math.nan)
@@ -528,18 +601,21 @@ class ReportData:
     target: tuple[str, float] | None = None  # --target: the quality whose time to reach the table reports
 
 
-def collect(runs_dir: str | Path, target: tuple[str, float] | None = None) -> ReportData:
+def collect(runs_dir: str | Path, target: tuple[str, float] | None = None, *, reference: str = "fedavg",
+            margin: float = verdicts.MARGIN) -> ReportData:
     """Read all runs under ``runs_dir`` and build the per-run and per-setting tables.
 
     `target` (metric, value): each run's simulated time to first reach that quality on its
-    curve (`time_to_target`), averaged over the seeds that reach it (and how many do)."""
+    curve (`time_to_target`), averaged over the seeds that reach it (and how many do).
+    `reference`, `margin`: what every setting is compared with, seed-paired, and the equivalence margin
+    (a fraction of the reference's score; verdicts.py)."""
     records, failures = load_runs(runs_dir)
     runs, evals, rounds = runs_frame(records)
     curves = curve_frame(records, runs)
     if target is not None and len(runs):
         runs["time_to_target"] = runs["run_id"].map(time_to_target(curves, *target)).astype(float)
     metrics = ordered_metrics(evals["metric"].unique()) if len(evals) else []
-    table = aggregate(runs, metrics)
+    table = aggregate(runs, metrics, reference=reference, margin=margin)
     warnings = [f"{rec.run_id}: {w}" for rec in records for w in rec.warnings]
     hardware = sorted({str(rec.metrics["environment"].get("hardware")) for rec in records
                        if isinstance(rec.metrics.get("environment"), dict)})

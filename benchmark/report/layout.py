@@ -33,7 +33,7 @@ import pandas as pd
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.report.formatting import (
     _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
-    interval_sentence, safe_name,
+    interval_sentence, rank_text, safe_name,
 )
 from dfbench.benchmark.report.names import hyperparameters, is_baseline, setting_names, shown as _shown
 from dfbench.benchmark.report.names import varying_config
@@ -145,8 +145,50 @@ def _metric_key(row: pd.Series, metric: str) -> float | None:
 def _rank_cell(row: pd.Series) -> tuple[str, float | None]:
     if pd.isna(row["rank"]):
         return "", None
-    tie = str(row.get("rank_tie")).lower() == "true"
-    return str(int(row["rank"])) + ("=" if tie else ""), float(row["rank"])
+    return rank_text(row), float(row["rank"])
+
+
+def verdict_text(row: Mapping[str, Any]) -> str:
+    """The main table's paired-verdict cell: "worse ×1.52 [1.21, 1.91]" (a ratio for a positive metric,
+    else a difference), "inconclusive … · 9 seeds to decide", "reference", or why there is none."""
+    verdict = row.get("verdict")
+    if not isinstance(verdict, str) or not verdict:
+        return ""
+    if verdict == "reference":
+        return "reference"
+    if verdict == "unpaired":
+        return f"unpaired: {row.get('verdict_note')}"
+    est, low, high = (to_float(row.get(k)) for k in ("estimate", "estimate_low", "estimate_high"))
+    primary = row.get("primary_metric")
+    ratio = isinstance(primary, str) and metric_table.scale(primary) == "log"
+    text = verdict
+    if not math.isnan(est):
+        text += f" ×{fmt_number(est, 3)}" if ratio else f" {est:+.3g}"
+        if not (math.isnan(low) or math.isnan(high)):
+            text += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]" if ratio else f" [{low:+.3g}, {high:+.3g}]"
+    n = to_float(row.get("paired_seeds"))
+    if not math.isnan(n):
+        text += f", {int(n)} seed{'s' if n != 1 else ''}"
+    if verdict == "inconclusive":
+        need = to_float(row.get("seeds_to_decide"))
+        note = row.get("verdict_note")
+        if not math.isnan(need):
+            text += f" · {int(need)} seeds to decide"
+        elif isinstance(note, str) and note and not n == 1:
+            text += f" · {note}"
+    return text
+
+
+def flags_text(row: Mapping[str, Any]) -> str:
+    """The main table's flags: seeds that collapsed (nearer the untrained model's score than the
+    reference's) and a setting not shown better than the untrained model."""
+    out = []
+    k, n = to_float(row.get("collapsed")), to_float(row.get("collapse_seeds"))
+    if not math.isnan(k) and k > 0:
+        out.append(f"collapsed {int(k)}/{int(n)}" + (" (unstable)" if k < n else ""))
+    if str(row.get("floor")).lower() == "true":
+        out.append("not better than untrained")
+    return "; ".join(out)
 
 
 def _method_cell(row: pd.Series) -> str:
@@ -193,15 +235,35 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         return f"No setting has a {primary}."
     first = ranked.iloc[0]
     word = "higher" if _higher(primary) else "lower"
-    text = f"**{labels[ranked.index[0]]}** ranks first: {primary} {fmt_metric(first, primary, int(first['n']))} ({word} is better)."
-    tied = [labels[i] for i, r in ranked.iloc[1:].iterrows() if r["rank"] == first["rank"]]
-    if tied:
-        text += f" {_join(tied)} {'shares' if len(tied) == 1 else 'share'} its rank: the intervals overlap."
-    others = ranked[ranked["rank"] > first["rank"]]
-    if len(others):
-        nxt = others.iloc[0]
-        gap = to_float(nxt[f"{primary}_mean"]) - to_float(first[f"{primary}_mean"])
-        text += f" The best setting outside the tie, {labels[others.index[0]]}, is {fmt_number(abs(gap), 3)} {'lower' if gap < 0 else 'higher'}."
+    score = f"{primary} {fmt_metric(first, primary, int(first['n']))} ({word} is better)"
+    low, high = to_float(first.get("rank_low")), to_float(first.get("rank_high"))
+    name = labels[ranked.index[0]]
+    if "rank_low" not in block or "verdict" not in block:  # a page re-rendered from an older leaderboard.csv
+        return f"**{name}** ranks first: {score}."
+    if low == 1 and high == 1:
+        text = f"**{name}** ranks first: {score}; first in at least 97.5 % of seed resamples."
+    elif math.isnan(low):
+        text = (f"**{name}** has the best {score}. With one seed per setting no rank is settled: the ranks are "
+                "the order of single runs.")
+    else:
+        also = [labels[i] for i, r in ranked.iloc[1:].iterrows() if to_float(r.get("rank_low")) == 1]
+        text = (f"**{name}** has the best {score}, but first place is not settled: it ranks {int(low)}–{int(high)} "
+                "across seed resamples" + (f", and {_join(also)} can rank first too." if also else "."))
+    verdict = block["verdict"].astype(str)
+    counts = {v: int((verdict == v).sum()) for v in ("better", "worse", "equivalent", "inconclusive", "unpaired")}
+    if sum(counts.values()):
+        margin = to_float(block["margin"].dropna().iloc[0]) if block["margin"].notna().any() else math.nan
+        within = f", equivalent within ±{margin:.0%}" if not math.isnan(margin) else ""
+        parts = [f"{n} {v}" for v, n in counts.items() if n]
+        text += (f" Against {_reference_label(block, labels)}, paired by seed (Holm-corrected{within}): "
+                 f"{', '.join(parts)}.")
+    floor = [labels[i] for i, r in ranked.iterrows() if str(r.get("floor")).lower() == "true"]
+    if floor:
+        text += f" Not shown better than the untrained model (ranked last): {_join(floor)}."
+    unstable = [f"{labels[i]} ({int(r['collapsed'])}/{int(r['collapse_seeds'])})" for i, r in ranked.iterrows()
+                if 0 < to_float(r.get("collapsed")) < to_float(r.get("collapse_seeds"))]
+    if unstable:
+        text += f" Collapsed on some seeds only: {_join(unstable)}."
     base = block[block.apply(_is_baseline, axis=1)]
     if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
         text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'])}."
@@ -238,8 +300,15 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     sim, eps = has("sim_seconds_mean"), has("epsilon_mean")
     reach = target is not None and "time_to_target_mean" in block
     headers = ["rank", "method", "hyperparameters", *[c[4:] for c in shown_cfg]]
+    verdicts_shown = primary is not None and "verdict" in block and block["verdict"].astype(str).isin(
+        ["better", "worse", "equivalent", "inconclusive", "unpaired"]).any()
+    flags_shown = primary is not None and block.apply(lambda r: bool(flags_text(r)), axis=1).any()
     if primary:
         headers.append(_arrow(primary))
+    if verdicts_shown:
+        headers.append(f"vs {_reference_label(block, labels)} (paired)")
+    if flags_shown:
+        headers.append("flags")
     headers += ["n", "uplink MB", "uplink vs fedavg", "wall time"]
     headers += (["sim time"] if sim else []) + (["ε (DP)"] if eps else [])
     if reach:
@@ -254,6 +323,12 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         if primary:
             cells.append(fmt_metric(row, primary, int(row["n"])))
             sk.append(_metric_key(row, primary))
+        if verdicts_shown:
+            cells.append(verdict_text(row))
+            sk.append(verdict_text(row))
+        if flags_shown:
+            cells.append(flags_text(row))
+            sk.append(flags_text(row))
         cells += [str(int(row["n"])), fmt_number(row.get("uplink_mb_mean")), compression, _fmt_seconds(row.get("wall_seconds_mean"))]
         sk += [int(row["n"]), _number_key(row.get("uplink_mb_mean")), None if math.isnan(ratio) else ratio, _number_key(row.get("wall_seconds_mean"))]
         if sim:
@@ -302,6 +377,17 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         not_computed=block_notes(block) if "evaluation_notes" in block else [],
         shared=shared, mosaic=name if name in images else None,
     )
+
+
+def _reference_label(block: pd.DataFrame, labels: Mapping[int, str]) -> str:
+    """The page's name of the block's reference setting (the verdicts' `reference`: its setting)."""
+    keys = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
+    keys = keys[(keys != "") & (keys != "nan")]
+    if len(keys):
+        hit = block.index[block["setting"].astype(str) == keys.iloc[0]] if "setting" in block else []
+        if len(hit):
+            return labels[hit[0]]
+    return "reference"
 
 
 def labels_by_key(block: pd.DataFrame) -> dict[str, str]:
@@ -399,7 +485,9 @@ def failures_table(meta: PageMeta) -> Table:
 
 def summary(table: pd.DataFrame, meta: PageMeta) -> str:
     return (f"{meta.n_runs} finished run(s) in {len(table)} setting(s); {meta.n_failed} run(s) failed, diverged, "
-            "unfinished or unreadable (listed below). Seeds are aggregated as mean ± std (sample std) [95% interval]; "
+            "unfinished or unreadable (listed below). The ranking metric is aggregated over seeds as a geometric mean "
+            "[95% interval] when it is a positive score (a distance, a loss), else as mean ± std (sample std) [95% interval]; "
+            "the other tables show mean ± std; "
             "↓ lower is better, ↑ higher is better.")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 from PIL import Image, ImageDraw, ImageFont
 
-from dfbench.benchmark.report.formatting import fmt_metric
+from dfbench.benchmark.report.formatting import fmt_metric, rank_text
 
 
 def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
@@ -57,8 +57,7 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
         primary = row["primary_metric"]
         score = f"{primary} {fmt_metric(row, primary, int(row['n']))}" if primary and row[f"{primary}_n"] else "no score"
         name = names[idx]  # the page's name: the hyperparameters off the method's defaults, not all of them
-        tie = "=" if str(row.get("rank_tie")).lower() == "true" else ""  # as the page writes a shared rank
-        rank = "" if pd.isna(row["rank"]) else f"#{int(row['rank'])}{tie} "
+        rank = "" if pd.isna(row["rank"]) else f"#{rank_text(row)} "  # as the page writes the rank
         caption = [f"{rank}{name}", score, f"seed {row['grid_seed']}"]
         tiles.append((tile, [c for c in caption if c]))
     if not tiles:

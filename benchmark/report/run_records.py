@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dfbench.benchmark.core import runfolder
 
@@ -226,8 +229,8 @@ def load_runs(root: str | Path) -> tuple[list[RunRecord], list[RunFailure]]:
 
 
 def to_float(value: Any) -> float:
-    """Numbers as float, anything else (None, strings, bools) as NaN."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Numbers as float (numpy's too), anything else (None, pandas' NA, strings, bools) as NaN."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         return math.nan
     return float(value)
 

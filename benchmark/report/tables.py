@@ -37,7 +37,12 @@ def failure_rows(failures: Sequence[RunFailure], root: Path) -> list[list[str]]:
 
 
 
-CSV_LEAD = ["dataset", "partition", "method", "params", "baseline", "rank", "rank_tie", "primary_metric", "n", "seeds"]
+CSV_LEAD = ["dataset", "partition", "method", "params", "setting", "baseline", "rank", "rank_low", "rank_high", "primary_metric", "n",
+            "seeds"]
+# the paired verdicts of each setting against the block's reference (benchmark/report/verdicts.py)
+VERDICT_COLS = ["reference", "verdict", "estimate", "estimate_low", "estimate_high", "paired_seeds", "wins", "p", "p_holm",
+                "p_equivalence", "p_equivalence_holm", "margin", "seeds_to_decide", "verdict_note", "floor",
+                "p_untrained_holm", "floor_note", "collapsed", "collapse_seeds"]
 
 
 def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
@@ -45,7 +50,7 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     if table.empty:
         pd.DataFrame(columns=CSV_LEAD).to_csv(path, index=False)
         return path
-    metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n", "stderr", "ci_low", "ci_high", "ci_method")]
+    metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "gmean", "std", "n", "stderr", "ci_low", "ci_high", "ci_method")]
     cost_cols = ["uplink_mb_mean", "uplink_mb_std", "downlink_mb_mean", "compression_ratio", "compression_ref",
                  "wall_seconds_mean", "wall_seconds_std", "sim_seconds_mean", "time_to_target_mean", "time_to_target_reached",
                  "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
@@ -53,9 +58,11 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
                  "dropped_updates_mean", "epsilon_mean", "evaluation_notes"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
     cfg_cols = sorted(c for c in table.columns if c.startswith("cfg."))
-    cols = CSV_LEAD + param_cols + metric_cols + cost_cols + cfg_cols + ["run_ids"]
+    cols = CSV_LEAD + VERDICT_COLS + param_cols + metric_cols + cost_cols + cfg_cols + ["run_ids"]
     out = table[[c for c in cols if c in table.columns]].copy()
-    out["rank"] = out["rank"].astype("Int64")
+    for col in ("rank", "rank_low", "rank_high", "paired_seeds", "seeds_to_decide", "wins", "collapsed", "collapse_seeds"):
+        if col in out:
+            out[col] = pd.to_numeric(out[col], errors="coerce").astype("Int64")
     out.to_csv(path, index=False)
     return path
 

@@ -1,0 +1,431 @@
+"""Verdicts from paired evidence: how a setting compares with a reference, where it ranks, whether it collapsed.
+
+Runs at the same seed share the partition, the initial model and the fixed evaluation noises (the
+run records all three: partition.json's ``indices_sha256``, metrics.json's ``pairing``), so most of
+the seed-to-seed spread is common to every setting and cancels in the per-seed difference. Every
+statistic here works on those per-seed differences:
+
+- **scale**: a positive metric (a Frechet distance, a loss; `metrics.table.scale`) is compared on
+  the log scale, so an estimate is a ratio (setting / reference) and no interval of it reaches 0;
+  any other metric (KID, precision, class counts) by plain differences.
+- **verdict** against the reference, per setting: *better* or *worse* when the paired t-test
+  (scipy.stats.ttest_1samp on the differences) rejects no-difference, *equivalent* when the two
+  one-sided tests (statsmodels' ``ttost_paired``) put the ratio inside ``1 +- margin`` (or the
+  difference inside ``+- margin x |reference mean|``), else *inconclusive*. Both families of p-values
+  are Holm-corrected (statsmodels' ``multipletests``) over the block's comparisons. Level 0.05.
+- **interval**: the 95 % paired Student-t interval of the mean difference (a ratio interval on the
+  log scale). Not a percentile bootstrap: with 3 seeds that interval is the range of the three
+  differences, and the true mean lies outside it one time in four, not one in twenty.
+- **floor**: a setting the paired test does not show better than the untrained model of the same
+  seeds is marked so and ranks after every setting that is; with one seed, the two runs' own
+  sampling intervals must be disjoint.
+- **collapse**: a seed whose score lies nearer (on the metric's scale) to the untrained model's at
+  that seed than to the reference's has collapsed; a setting is flagged with how many did.
+- **rank interval**: the ranks a setting takes when the seeds are resampled with replacement
+  (jointly for all settings: the pairing is kept), 2.5 % and 97.5 % quantiles of 2,000 resamples
+  from a fixed generator, as rliable (Agarwal et al., NeurIPS 2021) does for runs. The point rank
+  orders the settings by their mean on the metric's scale (a geometric mean on the log scale),
+  floor-marked settings last.
+- **seeds to decide**: for an inconclusive contrast, the fewest seeds at which, with the observed
+  mean and spread of the differences taken as true, a verdict (better/worse, or equivalent) would
+  come with probability 0.8 at the block's strictest Holm level (alpha / m).
+
+Pure numpy/scipy/statsmodels: no torch, so the reporter imports it cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+ALPHA = 0.05
+MARGIN = 0.10  # the equivalence margin when a study declares none: +- 10 % of the reference
+POWER = 0.8
+RESAMPLES = 2000
+RANK_SEED = 0  # the rank intervals' generator: a report is the same every time it is written
+MAX_SEEDS = 1000  # seeds_to_decide searches up to here; beyond it the contrast is called out of reach
+
+Scale = Literal["log", "difference"]
+Verdict = Literal["better", "worse", "equivalent", "inconclusive"]
+VERDICTS: tuple[str, ...] = ("better", "worse", "equivalent", "inconclusive")
+
+
+# -- the statistics, each on a fixed array (tests/test_verdicts.py checks them against scipy / statsmodels) --
+
+def transform(values: Sequence[float] | np.ndarray, scale: Scale) -> np.ndarray:
+    """The values on the scale they are compared on (natural log for "log"). ValueError for a value
+    <= 0 on the log scale: a positive metric that is not positive is a broken record."""
+    x = np.asarray(values, dtype=np.float64)
+    if scale == "log":
+        if np.any(~(x > 0)):
+            raise ValueError(f"a positive metric has a value <= 0 or NaN ({x.tolist()}): it cannot be compared as a ratio")
+        return np.log(x)
+    return x
+
+
+def back(value: float, scale: Scale) -> float:
+    """A mean difference on the comparison scale as it is shown: a ratio for "log", else itself."""
+    return math.exp(value) if scale == "log" else value
+
+
+@dataclass(frozen=True)
+class PairedT:
+    """The paired t-test of differences d = setting - reference (transformed): mean, its (1 - alpha) interval,
+    the two-sided p-value of no difference, the sample sd and the number of pairs."""
+
+    mean: float
+    low: float
+    high: float
+    p: float
+    sd: float
+    n: int
+
+
+def paired_t(d: Sequence[float] | np.ndarray, alpha: float = ALPHA) -> PairedT:
+    """Student-t on the per-seed differences (scipy.stats.ttest_1samp against 0). One pair: no spread,
+    so NaN interval and p. Identical differences (sd 0): the interval is the point, p is 0 unless the
+    mean is 0 (then 1): the runs agree exactly, as bitwise-equal settings do."""
+    from scipy import stats
+
+    x = np.asarray(d, dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return PairedT(math.nan, math.nan, math.nan, math.nan, math.nan, 0)
+    mean = float(x.mean())
+    if n < 2:
+        return PairedT(mean, math.nan, math.nan, math.nan, math.nan, 1)
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        return PairedT(mean, mean, mean, 1.0 if mean == 0.0 else 0.0, 0.0, n)
+    res = stats.ttest_1samp(x, 0.0)
+    ci = res.confidence_interval(1 - alpha)
+    return PairedT(mean, float(ci.low), float(ci.high), float(res.pvalue), sd, n)
+
+
+def equivalence_bounds(scale: Scale, margin: float, reference_mean: float) -> tuple[float, float]:
+    """The equivalence region of the mean difference on the comparison scale: log(1 - margin) ..
+    log(1 + margin) for ratios, +- margin x |reference mean| for differences."""
+    if not 0 < margin < 1:
+        raise ValueError(f"equivalence margin {margin!r}: give a fraction of the reference in (0, 1), e.g. 0.1 for +-10 %")
+    if scale == "log":
+        return math.log1p(-margin), math.log1p(margin)
+    half = margin * abs(reference_mean)
+    return -half, half
+
+
+def tost_p(x: Sequence[float], reference: Sequence[float], bounds: tuple[float, float]) -> float:
+    """p-value of the paired two one-sided tests that mean(x - reference) lies inside `bounds`
+    (x and reference already on the comparison scale): statsmodels' ``ttost_paired``. NaN with fewer
+    than 2 pairs; with identical differences, 0 inside the bounds and 1 outside."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    d = a - b
+    if d.size < 2:
+        return math.nan
+    if float(d.std(ddof=1)) == 0.0:
+        return 0.0 if bounds[0] < float(d.mean()) < bounds[1] else 1.0
+    return float(ttost_paired(a, b, bounds[0], bounds[1])[0])
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (statsmodels' ``multipletests(method="holm")``) over the finite entries;
+    NaN (no test) stays NaN and does not count in the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, math.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], alpha=ALPHA, method="holm")[1]
+    return out.tolist()
+
+
+def power_difference(n: int, mean: float, sd: float, alpha: float) -> float:
+    """Power of the two-sided paired t-test at n pairs when the true mean difference is `mean` and its
+    sd `sd`: P(|T| > t_crit) with T noncentral t (df n - 1, noncentrality mean / sd x sqrt(n)), the
+    formula of statsmodels' TTestPower (tests compare the two), which returns NaN at large
+    noncentralities where scipy's noncentral t does not."""
+    from scipy import stats
+
+    if sd <= 0 or n < 2:
+        return math.nan
+    df, ncp = n - 1, abs(mean) / sd * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return _nct_sf(crit, df, ncp) + _nct_cdf(-crit, df, ncp)
+
+
+def _nct_cdf(x: float, df: int, ncp: float) -> float:
+    """scipy's noncentral-t cdf; where it returns NaN (a far tail at a large noncentrality, scipy 1.17),
+    the normal approximation, which is then 0 or 1 to many digits."""
+    from scipy import stats
+
+    p = float(stats.nct.cdf(x, df, ncp))
+    return float(stats.norm.cdf(x - ncp)) if math.isnan(p) else p
+
+
+def _nct_sf(x: float, df: int, ncp: float) -> float:
+    from scipy import stats
+
+    p = float(stats.nct.sf(x, df, ncp))
+    return float(stats.norm.sf(x - ncp)) if math.isnan(p) else p
+
+
+def power_equivalence(n: int, mean: float, sd: float, bounds: tuple[float, float], alpha: float) -> float:
+    """A lower bound on the power of the paired TOST at n pairs (true mean `mean`, sd `sd`): each
+    one-sided test's power from the noncentral t, and P(both) >= P(lower) + P(upper) - 1. statsmodels
+    has no TOST power; tests check the bound against a simulation."""
+    from scipy import stats
+
+    if sd <= 0 or n < 2:
+        return math.nan
+    df, se = n - 1, sd / math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha, df)
+    lower = _nct_sf(crit, df, (mean - bounds[0]) / se)  # t1 = (dbar - low) / se > crit
+    upper = _nct_cdf(-crit, df, (mean - bounds[1]) / se)  # t2 = (dbar - upp) / se < -crit
+    return max(0.0, float(lower + upper - 1.0))
+
+
+def seeds_to_decide(mean: float, sd: float, bounds: tuple[float, float], alpha: float,
+                    power: float = POWER, limit: int = MAX_SEEDS) -> int | None:
+    """The fewest seeds (>= 2) at which the difference test or the equivalence test reaches `power`
+    with the observed mean and sd as the truth; None when even `limit` seeds do not (or no spread)."""
+    if not (math.isfinite(mean) and math.isfinite(sd)) or sd <= 0:
+        return None
+
+    def enough(n: int) -> bool:
+        pd_ = power_difference(n, mean, sd, alpha) if mean != 0 else 0.0
+        return max(pd_, power_equivalence(n, mean, sd, bounds, alpha)) >= power
+
+    if not enough(limit):
+        return None
+    lo, hi = 2, limit  # power grows with n for both tests: bisect the first n that is enough
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def bootstrap_draws(n_seeds: int, resamples: int = RESAMPLES, seed: int = RANK_SEED) -> np.ndarray:
+    """(resamples, n_seeds) seed indices drawn with replacement from a fixed generator."""
+    return np.random.default_rng(seed).integers(0, n_seeds, size=(resamples, n_seeds))
+
+
+def rank_distribution(values: Mapping[str, Mapping[Any, float]], draws: np.ndarray, *, lower_better: bool = True,
+                      last: frozenset[str] | set[str] = frozenset()) -> dict[str, np.ndarray]:
+    """setting -> its rank (1 = best) in each resample. `values`: setting -> {seed: value on the comparison
+    scale}; `draws`: (resamples, len(union of seeds)) indices into the sorted union of seeds, one row a
+    resample shared by all settings (the pairing is kept). A setting's estimate in a resample is its mean over
+    the drawn seeds it has (with multiplicity); if it has none of them, over its own seeds drawn with the same
+    row's first positions. Settings in `last` rank after all the others (the floor rule). Equal estimates
+    share the better rank."""
+    names = list(values)
+    seeds = sorted({s for v in values.values() for s in v}, key=lambda s: (str(type(s)), s))
+    index = {s: i for i, s in enumerate(seeds)}
+    u = len(seeds)
+    if draws.ndim != 2 or draws.shape[1] != u:
+        raise ValueError(f"draws must have one column per seed of the union ({u}), got shape {draws.shape}")
+    counts = np.zeros((draws.shape[0], u))
+    for j in range(u):
+        counts[:, j] = (draws == j).sum(axis=1)
+    est = np.empty((draws.shape[0], len(names)))
+    for k, name in enumerate(names):
+        v = np.zeros(u)
+        have = np.zeros(u)
+        for s, x in values[name].items():
+            v[index[s]], have[index[s]] = x, 1.0
+        num, den = counts @ (v * have), counts @ have
+        est[:, k] = np.divide(num, den, out=np.full(draws.shape[0], math.nan), where=den > 0)
+        missing = np.flatnonzero(den == 0)
+        if len(missing):
+            own = np.array(list(values[name].values()), dtype=np.float64)
+            for b in missing:  # none of its seeds drawn: its own seeds, drawn from this row's first positions
+                est[b, k] = own[draws[b, : len(own)] % len(own)].mean()
+    key = est if lower_better else -est
+    key = key + np.array([1e12 if name in last else 0.0 for name in names])
+    # rank = 1 + the number of settings strictly better in that resample
+    ranks = 1 + (key[:, None, :] < key[:, :, None]).sum(axis=2)
+    return {name: ranks[:, k] for k, name in enumerate(names)}
+
+
+def rank_interval(ranks: np.ndarray, level: float = 0.95) -> tuple[int, int]:
+    """The (1 - level)/2 and (1 + level)/2 quantiles of a setting's bootstrap ranks, as ranks it takes."""
+    return (int(np.quantile(ranks, (1 - level) / 2, method="lower")),
+            int(np.quantile(ranks, (1 + level) / 2, method="higher")))
+
+
+def collapsed(value: float, untrained: float, reference: float) -> bool:
+    """A seed's score (on the comparison scale) lies nearer to the untrained model's than to the reference's."""
+    return abs(value - untrained) < abs(value - reference)
+
+
+# -- a leaderboard block -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a block as the verdicts see it: its per-seed values and the runs' pairing records."""
+
+    key: str  # the leaderboard's group_key
+    values: Mapping[Any, float]  # seed -> metric value (as recorded)
+    fingerprints: Mapping[Any, Mapping[str, str]]  # seed -> {partition_sha256, init_sha256, eval_noise_sha256} present
+    budget: str = ""  # the leaderboard's budget_key
+    intervals: Mapping[Any, tuple[float, float]] | None = None  # seed -> the run's own (sampling) interval
+    baseline: bool = False
+    is_reference: bool = False
+
+
+FINGERPRINT_NAMES = {"partition_sha256": "partitions", "init_sha256": "initial models", "eval_noise_sha256": "evaluation noises"}
+
+
+def pairing_problem(a: Setting, b: Setting, seeds: Sequence[Any]) -> str | None:
+    """Why runs of `a` and `b` at the same seed must not be paired (a record that both have and that
+    differs), or None. A record one run lacks (written before it was kept) is not held against it."""
+    for s in seeds:
+        fa, fb = a.fingerprints.get(s, {}), b.fingerprints.get(s, {})
+        for name, what in FINGERPRINT_NAMES.items():
+            if fa.get(name) and fb.get(name) and fa[name] != fb[name]:
+                return f"seed {s}: the {what} differ ({fa[name][:10]} vs {fb[name][:10]}), so the runs are not paired"
+    return None
+
+
+def _shared(a: Setting, b: Setting) -> list[Any]:
+    return sorted(set(a.values) & set(b.values), key=lambda s: (str(type(s)), s))
+
+
+def _differences(a: Setting, b: Setting, seeds: Sequence[Any], scale: Scale) -> tuple[np.ndarray, np.ndarray]:
+    return (transform([a.values[s] for s in seeds], scale), transform([b.values[s] for s in seeds], scale))
+
+
+def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: bool, margin: float = MARGIN,
+                   alpha: float = ALPHA, resamples: int = RESAMPLES) -> dict[str, dict[str, Any]]:
+    """group_key -> the verdict columns of that setting (see `COLUMNS`) for one block of a leaderboard.
+
+    The reference of a setting is the reference setting (``is_reference``) of the same budget, else the
+    only one; the untrained model is the block's baseline. Holm runs over the block's contrasts with the
+    reference (one family for the difference tests, one for the equivalence tests) and over its contrasts
+    with the untrained model."""
+    sign = 1.0 if lower_better else -1.0  # a negative sign * difference favours the setting
+    contenders = [s for s in settings if not s.baseline and s.values]
+    refs = [s for s in contenders if s.is_reference]
+    floor = next((s for s in settings if s.baseline and s.values), None)
+    out: dict[str, dict[str, Any]] = {s.key: _empty() for s in contenders}
+
+    # -- against the reference ------------------------------------------------------------------------
+    tests: list[tuple[Setting, Setting, list[Any], PairedT, float, tuple[float, float]]] = []
+    for s in contenders:
+        row = out[s.key]
+        ref = next((r for r in refs if r.budget == s.budget), refs[0] if len(refs) == 1 else None)
+        if ref is None:
+            row["verdict_note"] = "no reference setting in this block" if not refs else "no reference at this budget"
+            continue
+        row["reference"] = ref.key
+        if ref is s:
+            row["verdict"] = "reference"
+            continue
+        seeds = _shared(s, ref)
+        if not seeds:
+            row["verdict_note"] = "no seed shared with the reference"
+            continue
+        problem = pairing_problem(s, ref, seeds)
+        if problem:
+            row["verdict"], row["verdict_note"] = "unpaired", problem
+            continue
+        x, r = _differences(s, ref, seeds, scale)
+        t = paired_t(x - r, alpha)
+        ref_mean = float(np.mean([ref.values[q] for q in seeds]))
+        bounds = equivalence_bounds(scale, margin, ref_mean)
+        row.update(paired_seeds=len(seeds), estimate=back(t.mean, scale), estimate_low=back(t.low, scale),
+                   estimate_high=back(t.high, scale), p=t.p, p_equivalence=tost_p(x, r, bounds),
+                   wins=int(np.sum(sign * (x - r) < 0)), margin=margin)
+        tests.append((s, ref, seeds, t, row["p_equivalence"], bounds))
+    p_diff = holm([t.p for _, _, _, t, _, _ in tests])
+    p_eq = holm([pe for _, _, _, _, pe, _ in tests])
+    m = max(1, sum(1 for _, _, _, t, _, _ in tests if math.isfinite(t.p)))
+    for (s, _, seeds, t, _, bounds), pd_, pe in zip(tests, p_diff, p_eq):
+        row = out[s.key]
+        row["p_holm"], row["p_equivalence_holm"] = pd_, pe
+        if math.isfinite(pd_) and pd_ < alpha:
+            row["verdict"] = "better" if sign * t.mean < 0 else "worse"
+        elif math.isfinite(pe) and pe < alpha:
+            row["verdict"] = "equivalent"
+        else:
+            row["verdict"] = "inconclusive"
+            if len(seeds) < 2:
+                row["verdict_note"] = "one paired seed: no spread to test"
+            else:
+                row["seeds_to_decide"] = seeds_to_decide(t.mean, t.sd, bounds, alpha / m)
+                if row["seeds_to_decide"] is None:
+                    row["verdict_note"] = f"not decided by {MAX_SEEDS} seeds at this spread"
+
+    # -- against the untrained model, and collapse ---------------------------------------------------------
+    floor_tests: list[tuple[Setting, float]] = []
+    for s in contenders:
+        row = out[s.key]
+        if floor is None:
+            row["floor_note"] = "no untrained model in this block"
+            continue
+        seeds = _shared(s, floor)
+        problem = pairing_problem(s, floor, seeds) if seeds else "no seed shared with the untrained model"
+        if problem:
+            row["floor_note"] = problem
+            row["floor"] = True
+            continue
+        x, u = _differences(s, floor, seeds, scale)
+        if len(seeds) >= 2:
+            t = paired_t(x - u, alpha)
+            # one-sided evidence in the better direction: the two-sided p halved when the mean points that way
+            p = t.p / 2 if math.isfinite(t.p) and sign * t.mean < 0 else 1.0
+            floor_tests.append((s, p))
+        else:  # one seed: only the sampling uncertainty of the two runs
+            q = seeds[0]
+            mine = (s.intervals or {}).get(q)
+            theirs = (floor.intervals or {}).get(q)
+            clear = (mine is not None and theirs is not None and all(map(math.isfinite, (*mine, *theirs)))
+                     and (mine[1] < theirs[0] if lower_better else mine[0] > theirs[1]))
+            row["floor"] = not clear
+            row["floor_note"] = "one seed: the runs' own sampling intervals " + ("are disjoint" if clear else "overlap or are missing")
+        ref_key = row.get("reference")
+        ref = next((c for c in contenders if c.key == ref_key), None)
+        if ref is not None and ref is not s:
+            both = [q for q in seeds if q in ref.values]
+            if both:
+                k = sum(collapsed(*transform([s.values[q], floor.values[q], ref.values[q]], scale)) for q in both)
+                row["collapsed"], row["collapse_seeds"] = int(k), len(both)
+    for (s, _), p in zip(floor_tests, holm([p for _, p in floor_tests])):
+        out[s.key]["floor"] = not (math.isfinite(p) and p < alpha)
+        out[s.key]["p_untrained_holm"] = p
+
+    # -- ranks ----------------------------------------------------------------------------------------------
+    values = {s.key: dict(zip(s.values, transform(list(s.values.values()), scale))) for s in contenders}
+    last = {s.key for s in contenders if out[s.key]["floor"]}
+    point = {k: float(np.mean(list(v.values()))) for k, v in values.items()}
+    order = sorted(values, key=lambda k: (k in last, sign * point[k]))
+    for i, k in enumerate(order):
+        out[k]["rank"] = 1 + sum(1 for j in order[:i] if (j in last, sign * point[j]) < (k in last, sign * point[k]))
+    union = sorted({q for v in values.values() for q in v}, key=lambda q: (str(type(q)), q))
+    if len(union) >= 2:
+        dist = rank_distribution(values, bootstrap_draws(len(union), resamples), lower_better=lower_better, last=last)
+        for k, ranks in dist.items():
+            if len(values[k]) >= 2:
+                out[k]["rank_low"], out[k]["rank_high"] = rank_interval(ranks)
+    return out
+
+
+COLUMNS: dict[str, Any] = {
+    "reference": None, "verdict": None, "verdict_note": "", "paired_seeds": 0, "estimate": math.nan,
+    "estimate_low": math.nan, "estimate_high": math.nan, "p": math.nan, "p_holm": math.nan,
+    "p_equivalence": math.nan, "p_equivalence_holm": math.nan, "margin": math.nan, "wins": math.nan,
+    "seeds_to_decide": None, "floor": False, "floor_note": "", "p_untrained_holm": math.nan,
+    "collapsed": math.nan, "collapse_seeds": math.nan, "rank": math.nan, "rank_low": math.nan, "rank_high": math.nan,
+}
+
+
+def _empty() -> dict[str, Any]:
+    return dict(COLUMNS)

@@ -1,0 +1,152 @@
+"""Claims files (benchmark/report/claims.py): checked before any work, decided seed-paired from the
+per-run table with the verdicts' statistics, written as a table that a README quotes, and a stale
+README block is caught (benchmark/studies/claims.py --check)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dfbench.benchmark.report import claims as C
+from dfbench.benchmark.report import verdicts as V
+from dfbench.benchmark.studies import claims as study_claims
+
+
+def _runs() -> pd.DataFrame:
+    """A per-run table as runs.csv holds it: fedavg, top-k 0.5 (x0.9 of random), random 0.5, untrained; 4 seeds."""
+    rows = []
+    base = [150.0, 120.0, 160.0, 140.0]
+    for seed, b in enumerate(base):
+        for method, keep, factor, baseline in [("fedavg", None, 1.0, False), ("topk_prune", 0.5, 1.5, False),
+                                               ("random_prune", 0.5, 1.5 / 0.8, False), ("fedavg", None, 6.0, True)]:
+            jitter = 1 + 0.01 * ((seed * 7 + len(method)) % 3 - 1)
+            rows.append({"dataset": "fmnist", "partition": "dirichlet:0.5", "method": method, "baseline": baseline,
+                         "setting": ("untrained " if baseline else "") + method + (f" [keep_ratio={keep}]" if keep else ""),
+                         "group_key": f"{method}-{keep}-{baseline}", "seed": seed, "param.keep_ratio": keep,
+                         "cfg.rounds": 0 if baseline else 14, "init_sha256": f"init{seed}",
+                         "fd_fmnist": b * factor * jitter})
+    return pd.DataFrame(rows)
+
+
+def _claims(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "x.claims.toml"
+    path.write_text(body)
+    return path
+
+
+GOOD = '''
+metric = "fd_fmnist"
+[[claim]]
+id = "C1"
+statement = "top-k beats random at 0.5"
+source = "Qiao et al."
+a = "topk_prune?keep_ratio=0.5"
+b = "random_prune?keep_ratio=0.5"
+expect = "better"
+[[claim]]
+id = "trained"
+statement = "FedAvg at most 0.2x untrained"
+a = "fedavg"
+b = "untrained"
+expect = "at_most"
+bound = 0.2
+[[claim]]
+id = "same"
+statement = "top-k equals FedAvg"
+a = "topk_prune?keep_ratio=0.5"
+b = "fedavg"
+expect = "equivalent"
+'''
+
+
+def test_decide_matches_the_paired_tests_by_hand(tmp_path):
+    runs = _runs()
+    table = C.decide(runs, C.load_claims(_claims(tmp_path, GOOD)))
+    c1 = table.set_index("id").loc["C1"]
+    a = runs[runs["method"] == "topk_prune"].set_index("seed")["fd_fmnist"]
+    b = runs[runs["method"] == "random_prune"].set_index("seed")["fd_fmnist"]
+    d = np.log(a) - np.log(b)
+    ref = stats.ttest_rel(np.log(a), np.log(b))
+    assert c1["estimate"] == pytest.approx(math.exp(d.mean()))  # the geometric mean ratio, ~0.8
+    assert c1["seeds"] == 4 and c1["verdict"] == "better" and c1["outcome"] == "holds"
+    trained = table.set_index("id").loc["trained"]
+    one_sided = stats.ttest_1samp(np.log(runs[(runs["method"] == "fedavg") & ~runs["baseline"]]["fd_fmnist"].to_numpy())
+                                  - np.log(runs[runs["baseline"]]["fd_fmnist"].to_numpy()), math.log(0.2), alternative="less")
+    assert trained["verdict"] == "within the bound" and trained["outcome"] == "holds"
+    same = table.set_index("id").loc["same"]
+    assert same["verdict"] == "worse" and same["outcome"] == "does not hold"  # x1.5 FedAvg
+    # Holm over the file's three claims, by hand from the raw p-values
+    raw = [ref.pvalue, one_sided.pvalue, stats.ttest_rel(np.log(a), np.log(runs[(runs["method"] == "fedavg")
+                                                                                  & ~runs["baseline"]].set_index("seed")["fd_fmnist"])).pvalue]
+    assert table["p_holm"].tolist() == pytest.approx(V.holm(raw))
+
+
+def test_bad_claims_files_are_refused_naming_the_claim(tmp_path):
+    cases = [
+        ('[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "untrained"\nexpect = "beats"\n', "allowed: better"),
+        ('[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "untrained"\nexpect = "better"\nbound = 2\n', "at_most"),
+        ('[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nexpect = "better"\n', "missing b"),
+        ('[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "untrained"\nexpect = "better"\nmargn = 0.1\n', "unknown key"),
+        ('margin = 2\n[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "untrained"\nexpect = "better"\n', "margin"),
+        ('metric = "fd_fmnist"\n', "no [[claim]]"),
+    ]
+    for body, words in cases:
+        with pytest.raises(C.ClaimsError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            C.load_claims(_claims(tmp_path, body))
+    with pytest.raises(C.ClaimsError, match="no such claims file"):
+        C.load_claims(tmp_path / "missing.toml")
+
+
+def test_a_side_naming_several_settings_lists_them(tmp_path):
+    runs = _runs()
+    claims = C.load_claims(_claims(tmp_path, '[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "random_prune"\n'
+                                             'expect = "better"\n'))
+    more = runs.assign(group_key=runs["group_key"] + runs["seed"].map(lambda s: "-x" if s % 2 else ""))
+    with pytest.raises(C.ClaimsError, match="selects several settings"):
+        C.decide(more, claims, "fd_fmnist")
+    # a setting without runs yet is undecided, saying so
+    gone = runs[runs["method"] != "random_prune"]
+    row = C.decide(gone, claims, "fd_fmnist").iloc[0]
+    assert row["outcome"] == "undecided" and "no runs of random_prune" in row["note"]
+
+
+def test_unpaired_runs_are_not_decided(tmp_path):
+    runs = _runs()
+    runs.loc[runs["method"] == "random_prune", "init_sha256"] = "other"
+    row = C.decide(runs, C.load_claims(_claims(tmp_path, GOOD))).set_index("id").loc["C1"]
+    assert row["verdict"] == "unpaired" and "initial models differ" in row["note"]
+
+
+def test_readme_block_is_quoted_and_a_stale_one_is_caught(tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    _runs().to_csv(study / "runs.csv", index=False)
+    claims_file = _claims(tmp_path, GOOD)
+    (study / "table.md").write_text("| a | b |\n|---|---|\n| 1 | 2 |\n")
+    readme = study / "README.md"
+    readme.write_text(f"# Study\n\nBefore.\n\n{C.BEGIN}\nold\n{C.END}\n\n<!-- include: table.md -->\nstale\n"
+                      "<!-- include: end -->\nAfter.\n")
+    assert len(study_claims.stale_blocks(readme)) == 2  # the include, and claims.md does not exist yet
+    written = study_claims.refresh(readme, claims_file)
+    assert str(readme) in written and (study / "claims.csv").is_file()
+    text = readme.read_text()
+    assert text.startswith("# Study\n\nBefore.\n\n") and text.endswith("After.\n")
+    assert "| C1 | top-k beats random at 0.5 (Qiao et al.) |" in text and "| 1 | 2 |" in text
+    assert study_claims.stale_blocks(readme) == []
+    # a hand edit of a generated number is caught
+    readme.write_text(text.replace("| 4 |", "| 5 |", 1))
+    assert study_claims.stale_blocks(readme) == ["claims block: differs from the claims decided from runs.csv"]
+    assert study_claims.main([str(study), "--check"]) == 1
+
+
+def test_an_unclosed_block_is_refused_and_nothing_written(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{C.BEGIN}\nold\n")
+    with pytest.raises(C.ClaimsError, match="never closes"):
+        C.quote_into_readme(readme, "new\n")
+    assert readme.read_text() == f"x\n{C.BEGIN}\nold\n"

@@ -1,0 +1,82 @@
+"""A study README says what its CSVs say: every generated block (the claims table, decided again from the
+committed runs.csv; each included table, from its file) is what the data give today, every claims file
+is quoted by a study, and in a README that declares `<!-- numbers: from csv -->` every decimal number
+outside those blocks is a value of one of the study's CSV files at the precision shown."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dfbench.benchmark.report import claims as C
+from dfbench.benchmark.studies import claims as study_claims
+
+ROOT = Path(__file__).resolve().parents[1]
+READMES = sorted((ROOT / "results").glob("*/README.md"))
+NUMBERS_MARKER = "<!-- numbers: from csv -->"
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d{4,})(?![\w.]*\d)")
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: p.parent.name)
+def test_generated_blocks_are_what_the_csvs_give(readme):
+    assert study_claims.stale_blocks(readme) == [], (
+        f"regenerate with `python -m dfbench.benchmark.studies.claims {readme.parent.relative_to(ROOT)}`")
+
+
+def test_every_claims_file_is_quoted_by_a_study():
+    quoted = {study_claims.claims_file_of(r.parent).resolve() for r in READMES if study_claims.claims_file_of(r.parent)}
+    for claims_file in sorted((ROOT / "benchmark" / "grid" / "builtin").glob("*.claims.toml")):
+        assert claims_file.resolve() in quoted, f"{claims_file.name}: no results/*/claims.md was made from it"
+    for readme in READMES:
+        if (readme.parent / "claims.md").is_file():
+            assert C.BEGIN in readme.read_text(encoding="utf-8"), f"{readme}: has claims.md but does not quote it"
+
+
+def _outside_blocks(text: str) -> str:
+    text = study_claims.INCLUDE.sub("", text)
+    while C.BEGIN in text:
+        head, _, rest = text.partition(C.BEGIN)
+        text = head + rest.partition(C.END)[2]
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"`[^`]*`", "", text)  # code spans: commands, file names, config values
+
+
+def _csv_values(study: Path) -> list[float]:
+    values: list[float] = []
+    for csv in study.rglob("*.csv"):
+        if "runs" in csv.relative_to(study).parts[:-1]:
+            continue  # run folders
+        frame = pd.read_csv(csv)
+        for col in frame.columns:
+            values += pd.to_numeric(frame[col], errors="coerce").dropna().tolist()
+    return values
+
+
+def _matches(token: str, values: list[float]) -> bool:
+    number = float(token.replace(",", ""))
+    decimals = len(token.partition(".")[2]) if "." in token else 0
+    half = 0.5 * 10 ** -decimals + 1e-9
+    return any(abs(v - number) <= half or abs(round(v, decimals) - number) <= 1e-9 for v in values)
+
+
+@pytest.mark.parametrize("readme", [r for r in READMES if NUMBERS_MARKER in r.read_text(encoding="utf-8")],
+                         ids=lambda p: p.parent.name)
+def test_numbers_in_the_prose_come_from_the_csvs(readme):
+    values = _csv_values(readme.parent)
+    text = _outside_blocks(readme.read_text(encoding="utf-8"))
+    missing = sorted({t for t in NUMBER.findall(text) if not _matches(t, values)})
+    assert not missing, f"{readme}: numbers in no CSV of the study: {missing} (quote the CSV, or generate the table)"
+
+
+def test_the_number_check_catches_a_typo(tmp_path):
+    study = tmp_path / "s"
+    study.mkdir()
+    pd.DataFrame({"fd": [144.679, 267313]}).to_csv(study / "x.csv", index=False)
+    values = _csv_values(study)
+    assert _matches("144.7", values) and _matches("267,313", values)
+    assert not _matches("144.8", values) and not _matches("1.5", values)
+    text = _outside_blocks("FedAvg 144.7, `lr 1e-3 0.5`, small28 has 267,313 parameters, 1.5 M.")
+    assert sorted(set(NUMBER.findall(text))) == ["1.5", "144.7", "267,313"]

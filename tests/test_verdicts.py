@@ -1,0 +1,180 @@
+"""The paired verdicts (benchmark/report/verdicts.py) against scipy / statsmodels / hand-computed values
+on fixed arrays, and a planted bimodal setting that must be flagged and not ranked first."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.weightstats import ttost_paired
+
+from dfbench.benchmark.report import verdicts as V
+
+X = np.array([212.0, 168.5, 240.2, 199.9, 185.1])
+R = np.array([201.3, 160.0, 228.7, 195.5, 170.2])
+
+
+def test_paired_t_matches_scipy_ttest_rel_and_the_hand_interval():
+    d = np.log(X) - np.log(R)
+    t = V.paired_t(d)
+    ref = stats.ttest_rel(np.log(X), np.log(R))
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-12)
+    half = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)  # float64 by hand
+    assert (t.low, t.high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-12)
+    assert t.n == 5 and t.sd == pytest.approx(d.std(ddof=1))
+
+
+def test_paired_t_degenerate_cases():
+    assert math.isnan(V.paired_t([0.3]).p) and V.paired_t([0.3]).n == 1
+    same = V.paired_t([0.0, 0.0, 0.0])  # bitwise-equal settings: no difference at all
+    assert same.p == 1.0 and same.low == same.high == 0.0
+    shifted = V.paired_t([0.2, 0.2])
+    assert shifted.p == 0.0
+
+
+def test_tost_matches_statsmodels_on_ratios_and_by_hand():
+    bounds = V.equivalence_bounds("log", 0.10, float(R.mean()))
+    assert bounds == pytest.approx((math.log(0.9), math.log(1.1)))
+    ours = V.tost_p(np.log(X), np.log(R), bounds)
+    theirs = ttost_paired(X, R, 0.9, 1.1, transform=np.log)[0]  # statsmodels' own ratio form
+    assert ours == pytest.approx(theirs, rel=1e-10)
+    d = np.log(X) - np.log(R)  # the two one-sided t-tests by hand
+    se = d.std(ddof=1) / math.sqrt(d.size)
+    p_low = stats.t.sf((d.mean() - bounds[0]) / se, d.size - 1)
+    p_up = stats.t.cdf((d.mean() - bounds[1]) / se, d.size - 1)
+    assert ours == pytest.approx(max(p_low, p_up), rel=1e-10)
+
+
+def test_equivalence_bounds_on_differences_and_bad_margin():
+    assert V.equivalence_bounds("difference", 0.1, -0.5) == pytest.approx((-0.05, 0.05))
+    with pytest.raises(ValueError, match="fraction"):
+        V.equivalence_bounds("log", 10, 1.0)
+
+
+def test_holm_by_hand_and_against_multipletests():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
+    assert V.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert V.holm(p) == pytest.approx(multipletests(p, method="holm")[1].tolist())
+    with_nan = V.holm([0.01, math.nan, 0.04])  # a comparison without a test is not in the family
+    assert math.isnan(with_nan[1]) and with_nan[0] == pytest.approx(0.02) and with_nan[2] == pytest.approx(0.04)
+
+
+def test_seeds_to_decide_matches_statsmodels_sample_size_when_only_the_difference_can_decide():
+    mean, sd = 0.5, 0.4  # a ratio of e^0.5 = 1.65: far outside +-10 %, equivalence has no power
+    bounds = V.equivalence_bounds("log", 0.1, 1.0)
+    n = V.seeds_to_decide(mean, sd, bounds, alpha=0.05)
+    expected = math.ceil(TTestPower().solve_power(effect_size=mean / sd, alpha=0.05, power=0.8, alternative="two-sided"))
+    assert n == expected
+    assert V.power_difference(n, mean, sd, 0.05) >= 0.8 > V.power_difference(n - 1, mean, sd, 0.05)
+    for k in (2, 3, 5, 9, 30):  # the noncentral-t formula is statsmodels' power
+        assert V.power_difference(k, mean, sd, 0.01) == pytest.approx(
+            TTestPower().power(effect_size=mean / sd, nobs=k, alpha=0.01, alternative="two-sided"), abs=1e-9)
+    assert V.seeds_to_decide(0.5, 0.0, bounds, 0.05) is None  # no spread: nothing to size
+
+
+def test_power_equivalence_is_a_lower_bound_close_to_a_simulation():
+    rng = np.random.default_rng(3)
+    mean, sd, n, alpha = 0.01, 0.05, 10, 0.05
+    bounds = (math.log(0.9), math.log(1.1))
+    d = rng.normal(mean, sd, size=(20000, n))
+    m, se = d.mean(axis=1), d.std(axis=1, ddof=1) / math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha, n - 1)
+    simulated = float(np.mean(((m - bounds[0]) / se > crit) & ((m - bounds[1]) / se < -crit)))
+    bound = V.power_equivalence(n, mean, sd, bounds, alpha)
+    assert bound <= simulated + 0.01
+    assert bound == pytest.approx(simulated, abs=0.05)
+    # and the sizing uses it: an observed near-zero difference needs some seeds for an equivalence verdict
+    need = V.seeds_to_decide(mean, sd, bounds, alpha)
+    assert need is not None and V.power_equivalence(need, mean, sd, bounds, alpha) >= 0.8
+
+
+def test_rank_distribution_over_every_resample_of_three_seeds_matches_brute_force():
+    values = {"a": {0: 1.0, 1: 3.0, 2: 2.0}, "b": {0: 2.0, 1: 1.0, 2: 2.5}, "c": {0: 0.5, 1: 4.0, 2: 3.0}}
+    draws = np.array(list(itertools.product(range(3), repeat=3)))  # all 27 equally likely resamples
+    got = V.rank_distribution(values, draws)
+    for b, row in enumerate(draws):
+        means = {k: np.mean([v[i] for i in row]) for k, v in values.items()}
+        for k in values:
+            assert got[k][b] == 1 + sum(means[j] < means[k] for j in values)
+    # the quantiles of an exact distribution, by hand: a's ranks over the 27 draws
+    low, high = V.rank_interval(got["a"])
+    ranks = sorted(got["a"])
+    assert (low, high) == (ranks[int(np.floor(0.025 * 26))], ranks[int(np.ceil(0.975 * 26))])
+
+
+def test_rank_distribution_puts_floor_settings_last_and_handles_missing_seeds():
+    values = {"a": {0: 5.0, 1: 5.0}, "b": {0: 1.0, 1: 1.0}, "c": {0: 3.0}}
+    draws = np.array([[0, 1], [1, 1], [0, 0]])
+    got = V.rank_distribution(values, draws, last={"b"})
+    assert got["b"].tolist() == [3, 3, 3]  # best score, but not shown better than untrained: last
+    assert got["c"].tolist() == [1, 1, 1]  # on draw [1, 1] it has no drawn seed: its own seed stands in
+
+
+def _setting(key, values, *, ref=False, baseline=False, init="i", intervals=None):
+    return V.Setting(key=key, values=values, budget="b", baseline=baseline, is_reference=ref, intervals=intervals,
+                     fingerprints={s: {"init_sha256": init, "partition_sha256": f"p{s}"} for s in values})
+
+
+def test_planted_bimodal_setting_is_flagged_and_not_ranked_first():
+    fedavg = {0: 150.0, 1: 120.0, 2: 160.0}
+    good = {0: 170.0, 1: 140.0, 2: 175.0}
+    bimodal = {0: 118.0, 1: 1010.0, 2: 115.0}  # two good seeds (better than FedAvg's), one collapsed
+    untrained = {0: 880.0, 1: 900.0, 2: 870.0}
+    out = V.block_verdicts([_setting("fedavg", fedavg, ref=True), _setting("good", good),
+                            _setting("bimodal", bimodal), _setting("untrained", untrained, baseline=True)],
+                           scale="log", lower_better=True)
+    b = out["bimodal"]
+    assert (b["collapsed"], b["collapse_seeds"]) == (1, 3)
+    assert b["floor"] is True  # 3 seeds, one at the untrained score: not shown better than the untrained model
+    assert b["rank"] == 3 and out["fedavg"]["rank"] == 1
+    assert b["verdict"] == "inconclusive"
+    assert out["good"]["collapsed"] == 0 and out["good"]["floor"] is False
+    assert b["estimate_low"] > 0  # a ratio interval never reaches 0
+    assert b["seeds_to_decide"] is None or b["seeds_to_decide"] > 3
+
+
+def test_verdicts_better_worse_equivalent_and_holm():
+    rng = np.random.default_rng(0)
+    seeds = range(6)
+    base = {s: float(200 * math.exp(rng.normal(0, 0.2))) for s in seeds}  # shared seed effect
+    jitter = {s: float(rng.normal(0, 0.01)) for s in seeds}
+    def times(f):
+        return {s: base[s] * f * math.exp(jitter[s] * (1 + s % 2)) for s in seeds}
+    out = V.block_verdicts([_setting("ref", base, ref=True), _setting("same", times(1.01)),
+                            _setting("worse", times(1.5)), _setting("better", times(0.6))],
+                           scale="log", lower_better=True)
+    assert out["worse"]["verdict"] == "worse" and out["better"]["verdict"] == "better"
+    assert out["same"]["verdict"] == "equivalent"
+    assert out["worse"]["estimate"] == pytest.approx(1.5, rel=0.03)
+    assert out["ref"]["verdict"] == "reference" and out["better"]["rank"] == 1
+    raw = [out[k]["p"] for k in ("same", "worse", "better")]
+    assert [out[k]["p_holm"] for k in ("same", "worse", "better")] == pytest.approx(V.holm(raw))
+    assert out["better"]["rank_low"] == out["better"]["rank_high"] == 1  # clearly first in every resample
+
+
+def test_unpaired_runs_are_refused_with_the_reason():
+    out = V.block_verdicts([_setting("ref", {0: 1.0, 1: 2.0}, ref=True),
+                            _setting("other", {0: 1.1, 1: 2.1}, init="different")],
+                           scale="log", lower_better=True)
+    assert out["other"]["verdict"] == "unpaired"
+    assert "initial models differ" in out["other"]["verdict_note"]
+
+
+def test_one_seed_floor_uses_the_runs_own_intervals():
+    out = V.block_verdicts([_setting("ref", {0: 200.0}, ref=True, intervals={0: (190.0, 210.0)}),
+                            _setting("near", {0: 700.0}, intervals={0: (650.0, 760.0)}),
+                            _setting("untrained", {0: 800.0}, baseline=True, intervals={0: (740.0, 850.0)})],
+                           scale="log", lower_better=True)
+    assert out["ref"]["floor"] is False and out["near"]["floor"] is True
+    assert out["near"]["rank"] == 2 and math.isnan(out["near"]["rank_low"])  # one seed: no rank interval
+
+
+def test_a_positive_metric_at_zero_is_refused():
+    with pytest.raises(ValueError, match="ratio"):
+        V.transform([1.0, 0.0], "log")
