@@ -40,7 +40,7 @@ demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untr
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	@# one torch thread per worker, as for the committed numbers (CPU results depend on the thread count)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid demo --workers $(CPU_WORKERS) --out results/demo/runs --device $(DEVICE); status=$$?; \
-	$(BIN)/dfbench report --runs results/demo/runs --out results/demo && exit $$status
+	$(BIN)/dfbench report --runs results/demo/runs --out results/demo --claims benchmark/grid/builtin/demo.claims.toml && exit $$status
 
 leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
 	$(BIN)/dfbench report --runs $(RUNS) --out results
@@ -58,7 +58,7 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	@# CPU results depend on torch's intra-op thread count: one thread per worker, as for the
 	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist && \
+	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims benchmark/grid/builtin/paper-fmnist.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
