@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-metric-calibration bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-metric-calibration bench-comm bench-experts perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims benchmark/grid/builtin/paper-fmnist.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
+
+bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0.5 at 14/28 rounds on small28/small32, 6 seeds (~3.4 h on 2 cores; reuses bench-paper-fmnist's runs), results in results/paper-fmnist-budget/
+	@# the small28 / 14-round cells are paper-fmnist's own runs (same run ids): copied in when that study has run
+	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid paper-fmnist-budget --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-budget --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims benchmark/grid/builtin/paper-fmnist-budget.claims.toml && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-rules --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \

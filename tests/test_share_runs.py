@@ -1,0 +1,49 @@
+"""share_runs copies another study's finished runs that are cells of a grid (same run id = same result),
+whole, and nothing else: not an unfinished run, not a run of another config, not over a cell already there."""
+
+from __future__ import annotations
+
+import json
+
+from dfbench.benchmark.grid.spec import load_grid
+from dfbench.benchmark.studies.share_runs import share
+
+GRID = """
+name = "t"
+[base]
+"data.dataset" = "fmnist"
+"train.model" = "tiny"
+"train.rounds" = 1
+[axes]
+method = ["fedavg", "fedprox?mu=0.1"]
+seed = [0, 1]
+"""
+
+
+def _run(root, cell, state="done"):
+    d = cell.folder(root)
+    d.mkdir(parents=True)
+    (d / "status.json").write_text(json.dumps({"state": state}))
+    (d / "metrics.json").write_text("{}")
+    return d
+
+
+def test_share_copies_finished_cells_only(tmp_path):
+    grid = tmp_path / "t.toml"
+    grid.write_text(GRID)
+    cells = load_grid(grid).cells
+    other = tmp_path / "other"
+    _run(other, cells[0])
+    _run(other, cells[1], state="running")
+    stranger = other / "fmnist" / "iid" / "fedavg" / "s0-0000000000"
+    stranger.mkdir(parents=True)
+    (stranger / "status.json").write_text(json.dumps({"state": "done"}))
+    target = tmp_path / "mine"
+    already = _run(target, cells[2])
+    (other / cells[2].folder(other).relative_to(other)).mkdir(parents=True)
+    (cells[2].folder(other) / "status.json").write_text(json.dumps({"state": "done"}))
+    copied = share(str(grid), other, target)
+    assert copied == [cells[0].folder(target)]
+    assert (cells[0].folder(target) / "metrics.json").read_text() == "{}"
+    assert not cells[1].folder(target).exists() and already.is_dir()
+    assert share(str(grid), other, target) == []  # a second pass finds nothing to copy
