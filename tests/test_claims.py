@@ -24,7 +24,7 @@ def _runs() -> pd.DataFrame:
     for seed, b in enumerate(base):
         for method, keep, factor, baseline in [("fedavg", None, 1.0, False), ("topk_prune", 0.5, 1.5, False),
                                                ("random_prune", 0.5, 1.5 / 0.8, False), ("fedavg", None, 6.0, True)]:
-            jitter = 1 + 0.01 * ((seed * 7 + len(method)) % 3 - 1)
+            jitter = 1 + 0.01 * ((seed * 7 + len(method) + 2 * baseline) % 3 - 1)
             rows.append({"dataset": "fmnist", "partition": "dirichlet:0.5", "method": method, "baseline": baseline,
                          "setting": ("untrained " if baseline else "") + method + (f" [keep_ratio={keep}]" if keep else ""),
                          "group_key": f"{method}-{keep}-{baseline}", "seed": seed, "param.keep_ratio": keep,

@@ -1,4 +1,5 @@
-"""Seed-paired differences to FedAvg (benchmark/studies/paired.py) against hand-computed values."""
+"""Seed-paired differences to FedAvg (benchmark/studies/paired.py) against hand-computed values; the
+verdict is the leaderboard's (tests/test_verdicts.py checks the statistics)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_differences_wins_and_t_interval_by_hand():
     assert r["verdict"] == "better"
 
 
-def test_tie_when_the_interval_holds_zero_and_only_shared_seeds_count():
+def test_inconclusive_when_the_interval_holds_zero_and_only_shared_seeds_count():
     rows = _base_rows() + [
         ("fmnist", "dirichlet:0.5", _budget(), "noisy", False, 0, 150.0),  # +50
         ("fmnist", "dirichlet:0.5", _budget(), "noisy", False, 1, 170.0),  # -30
@@ -51,7 +52,7 @@ def test_tie_when_the_interval_holds_zero_and_only_shared_seeds_count():
     sd = math.sqrt(((50 - 10) ** 2 + (-30 - 10) ** 2) / 1)
     assert r["seeds"] == "0,1" and r["wins"] == "1/2" and r["mean"] == pytest.approx(10.0)
     assert r["high"] - r["mean"] == pytest.approx(T975_DF1 * sd / math.sqrt(2))
-    assert r["verdict"] == "tie"
+    assert r["verdict"] == "inconclusive"
 
 
 def test_blocks_capacity_tiers_baselines_and_other_budgets():
@@ -86,3 +87,14 @@ def test_cli_names_the_problem(tmp_path, capsys):
         main(["--runs", str(tmp_path), "--out", str(tmp_path / "out")])
     assert "no scored runs" in str(err.value) and "run the grid first" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_distance_is_compared_as_a_ratio_with_holm_over_the_block():
+    rows = _base_rows() + [("fmnist", "dirichlet:0.5", _budget(), "half", False, s, v / 2) for s, v in enumerate((100.0, 200.0, 300.0))]
+    rows += [("fmnist", "dirichlet:0.5", _budget(), "same", False, s, v * f) for s, (v, f) in
+             enumerate(((100.0, 1.01), (200.0, 0.99), (300.0, 1.0)))]
+    frame = _runs(rows).rename(columns={"fd": "fd_fmnist"})
+    table = paired_table(frame, "fd_fmnist").set_index("setting")
+    assert table.loc["half", "ratio"] == pytest.approx(0.5) and table.loc["half", "verdict"] == "better"
+    assert table.loc["same", "verdict"] == "equivalent"  # within +-1 %: inside the +-10 % margin
+    assert 0 < table.loc["same", "ratio_low"] < 1 < table.loc["same", "ratio_high"]

@@ -250,8 +250,7 @@ def _one_sided(d: np.ndarray, limit: float, *, below: bool) -> float:
     d = np.asarray(d, dtype=np.float64)
     if d.size < 2:
         return math.nan
-    sd = float(d.std(ddof=1))
-    if sd == 0.0:
+    if V.no_spread(float(d.std(ddof=1)), float(d.mean())):
         return 0.0 if (d.mean() < limit if below else d.mean() > limit) else 1.0
     res = stats.ttest_1samp(d, limit, alternative="less" if below else "greater")
     return float(res.pvalue)

@@ -8,7 +8,11 @@ method. The leaderboard's per-setting t-intervals ignore that pairing and overla
 the per-seed difference to the reference removes the shared part. For each setting this writes
 the differences seed by seed, how many seeds it beats the reference at, and the mean difference
 with its 95 % Student-t interval over the shared seeds (`paired_vs_<reference>.md` / `.csv`).
-A difference whose interval excludes 0 is called better or worse; otherwise a tie.
+The verdict is the leaderboard's (benchmark/report/verdicts.py): a positive metric compared as the
+ratio of scores (`ratio` [low, high]), better / worse when the paired t-test rejects no difference,
+equivalent when two one-sided tests put it inside +-10 % of the reference, else inconclusive, both
+Holm-corrected over the block's comparisons. The leaderboard shows the same verdicts in its main
+table; this file keeps the per-seed differences beside them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.uncertainty import t_interval
+from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study
 
 BLOCK = ["dataset", "partition", "_pair_budget"]
@@ -32,7 +38,8 @@ UNPAIRED_BUDGET_KEYS = ("capacity",)
 def _pair_budget(budget_key: str) -> str:
     budget = json.loads(budget_key)
     return json.dumps({k: v for k, v in budget.items() if k not in UNPAIRED_BUDGET_KEYS}, sort_keys=True)
-COLUMNS = ["dataset", "partition", "setting", "seeds", "differences", "wins", "mean", "low", "high", "verdict"]
+COLUMNS = ["dataset", "partition", "setting", "seeds", "differences", "wins", "mean", "low", "high", "ratio", "ratio_low",
+           "ratio_high", "p_holm", "p_equivalence_holm", "verdict"]
 
 
 def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.ndarray, float, float, float]:
@@ -48,35 +55,51 @@ def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.
     return seeds, diff, mean, low, high
 
 
-def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False) -> pd.DataFrame:
+def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False,
+                 margin: float = V.MARGIN) -> pd.DataFrame:
     """One row per (block, setting) with a reference run at a shared seed.
 
     `runs` needs the columns dataset, partition, budget_key, setting, baseline, seed and `metric`;
     the reference is the setting named `reference` (a method without parameters, or the full
-    setting label). Untrained baselines are skipped. Differences are setting minus reference.
+    setting label). Untrained baselines are skipped. Differences are setting minus reference; the
+    verdict is the paired test of the module doc, Holm-corrected over the block.
     """
     rows = []
     trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
     trained = trained.assign(_pair_budget=trained["budget_key"].map(_pair_budget))
+    positive = metric_table.scale(metric) == "log" and bool((trained[metric].dropna() > 0).all())
+    scale = "log" if positive else "difference"
     for key, block in trained.groupby(BLOCK, sort=True, dropna=False):
         ref = block[block["setting"] == reference].dropna(subset=[metric]).set_index("seed")[metric]
         if ref.empty:
             continue
+        found, tests = [], []
         for setting, group in block[block["setting"] != reference].groupby("setting", sort=False):
             values = group.dropna(subset=[metric]).set_index("seed")[metric]
             seeds, diff, mean, low, high = seed_differences(values, ref)
             if not seeds:
                 continue
+            x, r = V.transform([values[s] for s in seeds], scale), V.transform([ref[s] for s in seeds], scale)
+            t = V.paired_t(x - r)
+            bounds = V.equivalence_bounds(scale, margin, float(np.mean([ref[s] for s in seeds])))
+            tests.append((t.p, V.tost_p(x, r, bounds), t.mean))
             wins = int((diff > 0).sum() if higher_better else (diff < 0).sum())
-            if not math.isfinite(low) or low <= 0.0 <= high:
-                verdict = "tie"
+            found.append({"dataset": key[0], "partition": key[1], "setting": setting,
+                          "seeds": ",".join(str(int(s)) for s in seeds),
+                          "differences": " / ".join(f"{d:+.1f}" for d in diff),
+                          "wins": f"{wins}/{len(seeds)}", "mean": mean, "low": low, "high": high,
+                          "ratio": V.back(t.mean, scale) if positive else math.nan,
+                          "ratio_low": V.back(t.low, scale) if positive else math.nan,
+                          "ratio_high": V.back(t.high, scale) if positive else math.nan})
+        for row, p, q, (_, _, m) in zip(found, V.holm([t[0] for t in tests]), V.holm([t[1] for t in tests]), tests):
+            row["p_holm"], row["p_equivalence_holm"] = p, q
+            if math.isfinite(p) and p < V.ALPHA:
+                row["verdict"] = "better" if (m > 0) == higher_better else "worse"
+            elif math.isfinite(q) and q < V.ALPHA:
+                row["verdict"] = "equivalent"
             else:
-                verdict = "better" if (mean > 0) == higher_better else "worse"
-            rows.append({"dataset": key[0], "partition": key[1], "setting": setting,
-                         "seeds": ",".join(str(int(s)) for s in seeds),
-                         "differences": " / ".join(f"{d:+.1f}" for d in diff),
-                         "wins": f"{wins}/{len(seeds)}", "mean": mean, "low": low, "high": high,
-                         "verdict": verdict})
+                row["verdict"] = "inconclusive"
+        rows += found
     table = pd.DataFrame(rows, columns=COLUMNS)
     return table.sort_values(["dataset", "partition", "mean"], ascending=[True, True, not higher_better],
                              kind="stable").reset_index(drop=True)
@@ -89,7 +112,9 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str, higher_better:
              f"Same seed = same partition, initial model and fixed noises. `differences`: per shared seed "
              f"({better} {metric} is better, so a {'positive' if higher_better else 'negative'} difference "
              f"favours the setting); `wins`: seeds where the setting beats {reference}; mean difference with "
-             f"its 95 % Student-t interval over the seeds; `verdict` is a tie when the interval holds 0. "
+             f"its 95 % Student-t interval over the seeds; `verdict`: better / worse / equivalent (±10 %) / "
+             f"inconclusive by the paired test on the ratio of scores (a positive metric) or the difference, "
+             f"Holm-corrected over the block (the leaderboard's verdicts, benchmark/report/verdicts.py). "
              f"Written by `python -m dfbench.benchmark.studies.paired`."]
     for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
         lines += ["", f"## {dataset} / {partition}", "",
