@@ -42,6 +42,7 @@ __all__ = [
     "default_replicates",
     "psd_sqrt",
     "t_interval",
+    "seed_interval",
     "tie_ranks",
 ]
 
@@ -268,6 +269,22 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, Int
         return mean, None
     half = float(stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return mean, Interval(mean - half, mean + half, level, f"{level:.0%} t-interval across {x.size} seeds")
+
+
+def seed_interval(values: Sequence[float], positive: bool, level: float = 0.95) -> tuple[float, float, float]:
+    """(point, low, high) over seeds: for a positive quantity (`positive`, all values > 0; a Frechet
+    distance, a loss) the geometric mean and the t-interval of the log values mapped back, which never
+    reaches 0; else the mean and its t-interval. NaN bounds with one value, all NaN with none."""
+    x = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not x:
+        return math.nan, math.nan, math.nan
+    if positive and all(v > 0 for v in x):
+        mean, interval = t_interval([math.log(v) for v in x], level)
+        if interval is None:
+            return math.exp(mean), math.nan, math.nan
+        return math.exp(mean), math.exp(interval.low), math.exp(interval.high)
+    mean, interval = t_interval(x, level)
+    return (mean, interval.low, interval.high) if interval else (mean, math.nan, math.nan)
 
 
 def tie_ranks(
