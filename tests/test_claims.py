@@ -107,7 +107,7 @@ def test_a_side_naming_several_settings_lists_them(tmp_path):
     claims = C.load_claims(_claims(tmp_path, '[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "random_prune"\n'
                                              'expect = "better"\n'))
     more = runs.assign(group_key=runs["group_key"] + runs["seed"].map(lambda s: "-x" if s % 2 else ""))
-    with pytest.raises(C.ClaimsError, match="selects several settings"):
+    with pytest.raises(C.ClaimsError, match="selects 2 settings"):
         C.decide(more, claims, "fd_fmnist")
     # a setting without runs yet is undecided, saying so
     gone = runs[runs["method"] != "random_prune"]

@@ -153,9 +153,12 @@ def select(runs: pd.DataFrame, spec: str, where: Mapping[str, Any]) -> pd.DataFr
     if len(groups) == 0:
         return rows  # no runs of it (yet): the claim stays undecided, saying so
     if len(groups) > 1:
-        found = sorted(set(rows["setting"]))
-        raise ClaimsError(f"{spec!r}{' where ' + str(dict(where)) if where else ''} selects several settings: "
-                          f"{'; '.join(found)} (add hyperparameters or a `where` to name one)")
+        keys = [c for c in rows.columns if c in ("dataset", "partition") or c.startswith(("param.", "cfg."))]
+        differ = [c for c in keys if rows[c].astype(str).nunique() > 1]
+        found = sorted({"; ".join([str(r["setting"])] + [f"{c} = {r[c]}" for c in differ]) for _, r in rows.iterrows()})
+        raise ClaimsError(f"{spec!r}{' where ' + str(dict(where)) if where else ''} selects {len(groups)} settings, "
+                          f"which differ in {', '.join(differ) or 'their group'}: {' | '.join(found)} "
+                          "(add those keys to the spec, e.g. 'fedavg?train.lr=0.003', or a `where` to name one)")
     return rows
 
 
