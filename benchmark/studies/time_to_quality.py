@@ -10,7 +10,8 @@ the simulated seconds and the client work (full-model images) of its first curve
 least that good (no interpolation between points: a point every eval.every rounds), and the
 time ratio to the reference's seed (paired: same seed = same partition, initial model, noises).
 Beside them the final score (the run's full evaluation, not the curve) minus the reference's,
-paired by seed, with its 95 % Student-t interval; the run's simulated time and client work.
+paired by seed, with its 95 % Student-t interval and the leaderboard's verdict (benchmark/report/
+verdicts.py: the ratio of a positive metric, Holm over the block); the run's simulated time and client work.
 
 Settings are told apart by the config the method does not name (frames.curve_labels: a driver,
 a buffer, a deadline, capacity tiers); the reference is `--reference LABEL`, by default the
@@ -27,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.uncertainty import t_interval
+from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.report.frames import CONFIG_DEFAULTS, better, curve_labels
 from dfbench.benchmark.studies.study_cli import load_study, write_study
 
@@ -86,6 +89,8 @@ def time_to_quality_table(runs: pd.DataFrame, curves: pd.DataFrame, metric: str,
     trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
     trained = trained[trained["run_id"].isin(set(labels))].assign(label=lambda f: f["run_id"].map(labels))
     pts = curves[curves["metric"] == curve_metric]
+    positive = metric_table.scale(metric) == "log"
+    tests: dict[tuple[str, str, str], tuple[float, float, float]] = {}  # (block, label) -> (p, p_equivalence, mean)
     for (dataset, partition), block in trained.groupby(["dataset", "partition"], sort=True):
         ref_label = reference or default_reference(block, labels)
         ref_runs = block[block["label"] == ref_label]
@@ -112,10 +117,12 @@ def time_to_quality_table(runs: pd.DataFrame, curves: pd.DataFrame, metric: str,
             if label != ref_label and len(shared):
                 d_mean, ci = t_interval(diff)
                 d_low, d_high = (ci.low, ci.high) if ci else (math.nan, math.nan)
-                if not math.isfinite(d_low) or d_low <= 0.0 <= d_high:
-                    verdict = "tie"
-                else:
-                    verdict = "better" if (d_mean > 0) == higher_final else "worse"
+                # the verdict is the leaderboard's: on the ratio of a positive metric, Holm over the block (below)
+                scale = "log" if positive and all(final[s] > 0 and ref_final[s] > 0 for s in shared) else "difference"
+                x, r = V.transform([final[s] for s in shared], scale), V.transform([ref_final[s] for s in shared], scale)
+                t = V.paired_t(x - r)
+                bounds = V.equivalence_bounds(scale, V.MARGIN, float(np.mean([ref_final[s] for s in shared])))
+                tests[(dataset, partition, label)] = (t.p, V.tost_p(x, r, bounds), t.mean)
             for f in fractions:
                 secs, imgs, ratios, per_seed = [], [], [], []
                 for _, r in grp.iterrows():
@@ -139,6 +146,16 @@ def time_to_quality_table(runs: pd.DataFrame, curves: pd.DataFrame, metric: str,
                              "images_to_target": float(np.mean(imgs)) if imgs else math.nan,
                              "time_ratio": float(np.mean(ratios)) if ratios else math.nan,
                              "per_seed_seconds": " / ".join(per_seed)})
+    verdicts: dict[tuple[str, str, str], str] = {}
+    for block in sorted({k[:2] for k in tests}):
+        keys = [k for k in tests if k[:2] == block]
+        for k, p, q in zip(keys, V.holm([tests[k][0] for k in keys]), V.holm([tests[k][1] for k in keys])):
+            if math.isfinite(p) and p < V.ALPHA:
+                verdicts[k] = "better" if (tests[k][2] > 0) == higher_final else "worse"
+            else:
+                verdicts[k] = "equivalent" if math.isfinite(q) and q < V.ALPHA else "inconclusive"
+    for row in rows:
+        row["final_verdict"] = verdicts.get((row["dataset"], row["partition"], row["label"]), "")
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -156,7 +173,8 @@ def to_markdown(table: pd.DataFrame, metric: str, curve_metric: str, curve_sampl
              "seconds to the first curve point at least that good, mean over the seeds that reach it (k/n "
              "reached), per seed in brackets; `× ref`: that time over the reference's, per seed, averaged. "
              f"`final`: the run's full evaluation ({metric}), mean over seeds; `Δ final`: minus the reference's, "
-             "paired by seed, with its 95 % Student-t interval (tie when it holds 0). `sim s` / `work`: the "
+             "paired by seed, with its 95 % Student-t interval, and the leaderboard's verdict (the ratio of the scores, "
+             "better / worse / equivalent within 10 % / inconclusive, Holm over the block). `sim s` / `work`: the "
              "run's simulated seconds and client work (thousands of full-model images). "
              "Written by `python -m dfbench.benchmark.studies.time_to_quality`."]
     for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
