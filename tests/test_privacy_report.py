@@ -39,8 +39,11 @@ def test_rows_are_means_with_t_intervals_and_seed_paired_differences(tmp_path):
     # the config that tells it apart, quantized by its bits off the default 8; plain FedAvg first, the floor last
     assert list(table.index) == ["fedavg", "fedavg (clip=0.5, noise=1)", "quantized (bits=4)", "untrained (fedavg)"]
     dp = table.loc["fedavg (clip=0.5, noise=1)"]
-    half = stats.t.ppf(0.975, 2) * pd.Series([300.0, 330.0, 360.0]).std(ddof=1) / math.sqrt(3)
-    assert dp["fd_fmnist"] == pytest.approx(330.0) and dp["fd_fmnist_high"] == pytest.approx(330.0 + half)
+    # a distance: the geometric mean over seeds, its t-interval on the logs mapped back (never below 0)
+    logs = pd.Series([math.log(300.0), math.log(330.0), math.log(360.0)])
+    half = stats.t.ppf(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
+    assert dp["fd_fmnist"] == pytest.approx((300.0 * 330.0 * 360.0) ** (1 / 3))
+    assert dp["fd_fmnist_high"] == pytest.approx(math.exp(logs.mean() + half)) and dp["fd_fmnist_low"] > 0
     # differences paired by seed: 200, 220, 240 -> mean 220; copy -0.5, -0.5, -0.65
     assert dp["fd_fmnist_diff"] == pytest.approx(220.0)
     assert dp["copy_rate_pixel_diff"] == pytest.approx((-0.5 - 0.5 - 0.65) / 3)

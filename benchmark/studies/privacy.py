@@ -4,7 +4,8 @@
 
 Per block (dataset, partition) and setting -- labelled by its method and the config keys that tell
 it apart from the block's usual value (names.setting_names: "fedavg (clip=0.5, noise=1)") -- the
-mean over seeds with a 95 % Student-t interval of: the primary quality metric; the copy rate of the
+mean over seeds with a 95 % Student-t interval of: the primary quality metric (a distance: its geometric
+mean, the interval on its logs, never below 0); the copy rate of the
 samples (d1/d2 < 1/3 against the clients' images, in the classifier's features and in pixels) and
 the same rule on held-out test images (the rate of a model that does not copy); the nearest
 distances to training vs test images; the loss attack's pooled AUC and TPR at 1 % FPR and its
@@ -26,7 +27,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.metrics.uncertainty import t_interval  # noqa: E402
+from dfbench.benchmark.metrics import table as metric_table  # noqa: E402
+from dfbench.benchmark.metrics.uncertainty import seed_interval, t_interval  # noqa: E402
 from dfbench.benchmark.report.frames import curve_labels  # noqa: E402
 from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study  # noqa: E402
 from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
@@ -61,7 +63,10 @@ def privacy_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg") ->
                                       "baseline": bool(group["baseline"].iloc[0]), "seeds": len(group)}
             for col in (metric, *LEAKS):
                 values = group[col].astype(float).tolist() if col in group else []
-                row[col], row[f"{col}_low"], row[f"{col}_high"] = _mean_ci(values, unit=col.startswith(("copy_rate", "mia_")))
+                if col == metric and metric_table.scale(metric) == "log":  # a distance: geometric mean, never below 0
+                    row[col], row[f"{col}_low"], row[f"{col}_high"] = seed_interval(values, positive=True)
+                else:
+                    row[col], row[f"{col}_low"], row[f"{col}_high"] = _mean_ci(values, unit=col.startswith(("copy_rate", "mia_")))
             eps = group["epsilon"].astype(float) if "epsilon" in group else pd.Series(dtype=float)
             dp = "cfg.clip" in group and float(pd.to_numeric(group["cfg.clip"], errors="coerce").fillna(0).max()) > 0
             # no DP: no guarantee (inf); DP without noise: inf too (the accountant says so: metrics.json null)
