@@ -86,7 +86,7 @@ def _fmt_reach(row: pd.Series) -> str:
     return _fmt_seconds(row["time_to_target_mean"]) + ("" if k == n else f" ({k}/{n})")
 
 
-def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
+def interval_sentence(block: pd.DataFrame, primary: str | None, verdicts: bool = True) -> str:
     """What the intervals in a block are and how ties are ranked (the leaderboard's own words)."""
     by_kind: dict[str, list[str]] = {}  # interval kind -> the metrics that carry it
     for col in sorted(c for c in block.columns if c.endswith("_ci_method")):
@@ -98,7 +98,12 @@ def interval_sentence(block: pd.DataFrame, primary: str | None) -> str:
     # each with the metrics it belongs to
     parts = list(by_kind) if len(by_kind) == 1 else [f"{', '.join(ms)}: {kind}" for kind, ms in by_kind.items()]
     text = "Intervals [low, high]: " + "; ".join(parts) + "."
-    if primary:
+    if primary and not verdicts:  # a leaderboard.csv from before the verdicts: the rule its ranks were made by
+        text += (f" Rank = 1 + the number of settings whose {primary} interval lies wholly on the better side of "
+                 "this one's (clearly better); `=` marks a rank that several settings share: the differences between "
+                 "them are inside the uncertainty. Two settings whose intervals overlap can still rank apart when a "
+                 "third is clearly better than one of them only.")
+    elif primary:
         text += (f" Rank: the order of the {primary} scores (a geometric mean over seeds for a positive metric), "
                  "settings not shown better than the untrained model last; in brackets the ranks a setting takes "
                  "over 2,000 resamples of the seeds (2.5–97.5 %, all settings resampled together, so the pairing "

@@ -238,8 +238,8 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
     score = f"{primary} {fmt_metric(first, primary, int(first['n']))} ({word} is better)"
     low, high = to_float(first.get("rank_low")), to_float(first.get("rank_high"))
     name = labels[ranked.index[0]]
-    if "rank_low" not in block or "verdict" not in block:  # a page re-rendered from an older leaderboard.csv
-        return f"**{name}** ranks first: {score}."
+    if "rank_low" not in block or "verdict" not in block:  # a leaderboard.csv from before the verdicts: its own rule
+        return _headline_before_verdicts(block, primary, labels, score)
     if low == 1 and high == 1:
         text = f"**{name}** ranks first: {score}; first in at least 97.5 % of seed resamples."
     elif math.isnan(low):
@@ -264,6 +264,26 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
                 if 0 < to_float(r.get("collapsed")) < to_float(r.get("collapse_seeds"))]
     if unstable:
         text += f" Collapsed on some seeds only: {_join(unstable)}."
+    base = block[block.apply(_is_baseline, axis=1)]
+    if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
+        text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'])}."
+    return text
+
+
+def _headline_before_verdicts(block: pd.DataFrame, primary: str, labels: Mapping[int, str], score: str) -> str:
+    """The headline of a leaderboard.csv written before the paired verdicts (re-rendered with --from-csv):
+    its ranks are 1 + the settings whose interval lies wholly on the better side, ties marked."""
+    ranked = block[block["rank"].notna()]
+    first = ranked.iloc[0]
+    text = f"**{labels[ranked.index[0]]}** ranks first: {score}."
+    tied = [labels[i] for i, r in ranked.iloc[1:].iterrows() if r["rank"] == first["rank"]]
+    if tied:
+        text += f" {_join(tied)} {'shares' if len(tied) == 1 else 'share'} its rank: the intervals overlap."
+    others = ranked[ranked["rank"] > first["rank"]]
+    if len(others):
+        gap = to_float(others.iloc[0][f"{primary}_mean"]) - to_float(first[f"{primary}_mean"])
+        text += (f" The best setting outside the tie, {labels[others.index[0]]}, is {fmt_number(abs(gap), 3)} "
+                 f"{'lower' if gap < 0 else 'higher'}.")
     base = block[block.apply(_is_baseline, axis=1)]
     if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
         text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'])}."
@@ -372,7 +392,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         ranking=(f"Ranked by {primary} (rule below). " if primary else "") +
                 "Uplink vs fedavg: how many times less (or more) uplink than fedavg in this block (`*`: fedavg ran "
                 "another budget, compared per client upload).",
-        intervals=interval_sentence(block, primary) if primary else "",
+        intervals=interval_sentence(block, primary, verdicts="rank_low" in block) if primary else "",
         main=main, secondary=secondary, provenance=_provenance_lines(prov, present),
         not_computed=block_notes(block) if "evaluation_notes" in block else [],
         shared=shared, mosaic=name if name in images else None,
@@ -484,11 +504,14 @@ def failures_table(meta: PageMeta) -> Table:
 
 
 def summary(table: pd.DataFrame, meta: PageMeta) -> str:
+    if any(c.endswith("_gmean") for c in table.columns):
+        how = ("The ranking metric is aggregated over seeds as a geometric mean [95% interval] when it is a positive "
+               "score (a distance, a loss), else as mean ± std (sample std) [95% interval]; the other tables show "
+               "mean ± std; ")
+    else:  # a leaderboard.csv written before the verdicts (re-rendered with --from-csv)
+        how = "Seeds are aggregated as mean ± std (sample std) [95% interval]; "
     return (f"{meta.n_runs} finished run(s) in {len(table)} setting(s); {meta.n_failed} run(s) failed, diverged, "
-            "unfinished or unreadable (listed below). The ranking metric is aggregated over seeds as a geometric mean "
-            "[95% interval] when it is a positive score (a distance, a loss), else as mean ± std (sample std) [95% interval]; "
-            "the other tables show mean ± std; "
-            "↓ lower is better, ↑ higher is better.")
+            f"unfinished or unreadable (listed below). {how}↓ lower is better, ↑ higher is better.")
 
 
 def metrics_of(table: pd.DataFrame) -> list[str]:
