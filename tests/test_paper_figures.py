@@ -75,25 +75,26 @@ def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_pa
     table = pd_read(tmp_path / "out" / "paper_summary.csv")
     row = table[(table["family"] == "random") & (table["keep"] == 0.5)].iloc[0]
     values = np.array([200.0, 210.0, 230.0])
-    sd = math.sqrt(((values - values.mean()) ** 2).sum() / 2)
-    half = T_975_DF2 * sd / math.sqrt(3)
-    assert row["n"] == 3 and row["metric_mean"] == pytest.approx(values.mean(), rel=1e-5)
-    assert row["metric_low"] == pytest.approx(values.mean() - half, rel=1e-5)
-    assert row["metric_high"] == pytest.approx(values.mean() + half, rel=1e-5)
+    logs = np.log(values)  # a distance: the geometric mean and the t-interval of the logs, mapped back
+    half = T_975_DF2 * math.sqrt(((logs - logs.mean()) ** 2).sum() / 2) / math.sqrt(3)
+    gmean = math.exp(logs.mean())  # 212.99
+    assert row["n"] == 3 and row["metric_mean"] == pytest.approx(gmean, rel=1e-5)
+    assert row["metric_low"] == pytest.approx(math.exp(logs.mean() - half), rel=1e-5)
+    assert row["metric_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-5)
     assert row["w2_mean"] == pytest.approx(0.5) and row["gamma_star_mean"] == pytest.approx(1.0)
     fed = table[(table["family"] == "top-k") & (table["keep"] == 1.0)].iloc[0]
-    assert fed["metric_mean"] == pytest.approx(101.0)
+    assert fed["metric_mean"] == pytest.approx((100.0 * 101.0 * 102.0) ** (1 / 3), rel=1e-5)  # geometric (CSV: 3 decimals)
     md = (tmp_path / "out" / "paper_summary.md").read_text()
-    assert "| random | 0.5 | 3 | 213.3 [" in md and "| untrained | – | 3 | 800.0" in md
+    assert "| random | 0.5 | 3 | 213.0 [" in md and "| untrained | – | 3 | 800.0" in md
     claims = (tmp_path / "out" / "paper_claims.md").read_text()
-    assert "- keep 0.5: top-k 150.0 [150.0, 150.0] vs random 213.3 [" in claims and "top-k better" in claims
-    assert "- random, keep 0.5: +111%" in claims  # 213.33 / 101 - 1
+    assert "- keep 0.5: top-k 150.0 [150.0, 150.0] vs random 213.0 [" in claims and "verdicts in claims.md" in claims
+    assert "- random, keep 0.5: +111%" in claims  # 212.99 / 101 - 1
     # paired by seed: 150 - (200, 210, 230) = -50, -60, -80; t-interval by hand
     diff = np.array([-50.0, -60.0, -80.0])
     half_d = T_975_DF2 * diff.std(ddof=1) / math.sqrt(3)
     assert (f"top-k − random: seed 0: -50.0, seed 1: -60.0, seed 2: -80.0; top-k better at 3 of 3; "
             f"mean {diff.mean():+.1f} [{diff.mean() - half_d:+.1f}, {diff.mean() + half_d:+.1f}]") in claims
-    assert "random keep 0.5 / untrained = 0.27" in claims  # 213.33 / 800
+    assert "random keep 0.5 / untrained = 0.27" in claims  # 212.99 / 800
     for key in ("metric_vs_keep", "drift_vs_keep", "metric_vs_bound", "samples"):
         with Image.open(paths[key]) as img:
             assert img.size[0] > 300 and img.size[1] > 200
@@ -121,15 +122,18 @@ def test_rules_are_summarized_per_keep_and_chosen_by_their_mean_over_keeps(rules
     assert len(rules) == 4 * 2 * 3 and rules["configured"].sum() == 8
     summary = paper_figures.rule_summary(rules)
     row = summary[(summary["family"] == "top-k") & (summary["keep"] == 0.5) & (summary["rule"] == "submodel")].iloc[0]
-    half = 12.706204736174707 * np.std([250.0, 260.0], ddof=1) / math.sqrt(2)
-    assert row["n"] == 2 and row["metric_mean"] == pytest.approx(255.0)
-    assert row["metric_high"] - row["metric_mean"] == pytest.approx(half, rel=1e-6)  # t(0.975, 1 df) = 12.706
+    logs = np.log([250.0, 260.0])  # the geometric mean, its interval on the logs; t(0.975, 1 df) = 12.706
+    half = 12.706204736174707 * np.std(logs, ddof=1) / math.sqrt(2)
+    assert row["n"] == 2 and row["metric_mean"] == pytest.approx(math.sqrt(250.0 * 260.0))
+    assert row["metric_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-6)
     choice = paper_figures.choose_rules(summary)
     chosen = choice[choice["chosen"]].set_index("family")["rule"].to_dict()
     # random: scaled (205 + 410) / 2 = 307.5 < full 347.5 < submodel 380; top-k: submodel 220 < full 247.5
     assert chosen == {"random": "scaled", "top-k": "submodel"}
     means = choice.set_index(["family", "rule"])["mean_over_keeps"]
-    assert means[("random", "scaled")] == pytest.approx(307.5) and means[("top-k", "full")] == pytest.approx(247.5)
+    # the mean over keeps of each keep's geometric mean over the two seeds
+    assert means[("random", "scaled")] == pytest.approx((math.sqrt(200 * 210) + math.sqrt(400 * 420)) / 2)
+    assert means[("top-k", "full")] == pytest.approx((math.sqrt(180 * 190) + math.sqrt(300 * 320)) / 2)
     best_at = choice.set_index(["family", "rule"])["best_at"]
     assert best_at[("random", "full")] == "0.5" and best_at[("top-k", "full")] == "0.75"
 
@@ -137,7 +141,7 @@ def test_rules_are_summarized_per_keep_and_chosen_by_their_mean_over_keeps(rules
     text = paths["choice"].read_text()
     assert "seed(s) 7, 8" in text and "| top-k | `submodel` | 220.0 | 2 | 0.5 | **yes** |" in text
     md = paths["rules"].read_text()
-    assert "| top-k | 0.5 | 2 | 310.0 [" in md and "fd_fmnist, `submodel`" in md
+    assert "| top-k | 0.5 | 2 | 309.8 [" in md and "fd_fmnist, `submodel`" in md
     # C1 under each rule: paired by seed, top-k - random under `full` at keep 0.5: (300 - 390, 320 - 380)
     lines = "\n".join(paper_figures.rule_claims(rules))
     assert "- `full`:" in lines and "seed 7: -90.0, seed 8: -60.0; top-k better at 2 of 2" in lines
