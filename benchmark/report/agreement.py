@@ -5,7 +5,8 @@ For each block (dataset x partition) and each quality metric m other than the ra
 (Frechet distances and KIDs in every feature space, the held-out denoising loss, the
 per-client-average distance -- kinds ``QUALITY_KINDS`` of benchmark/metrics/table.py):
 
-- Kendall's tau-b (scipy.stats.kendalltau) between the settings' seed means under p and under m,
+- Kendall's tau-b (scipy.stats.kendalltau) between the settings' seed means under p and under m (a
+  distance or a loss averaged on its log, as the leaderboard ranks by the geometric mean),
   both signed so that larger is worse (tau = 1: m orders the settings exactly as p does);
 - its 95% interval from resampling the seeds: each replicate draws the block's seeds with
   replacement, the same draw for every setting (runs with the same seed share partition, initial
@@ -20,8 +21,10 @@ result is stored in report.json, so a page re-rendered from its CSV keeps it.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +80,10 @@ def block_agreement(runs: pd.DataFrame, primary: str, metrics: Sequence[str], re
 
     def cube(metric: str) -> np.ndarray:  # [settings, seeds], NaN where a run is missing
         pivot = runs.pivot_table(index="group_key", columns="seed", values=metric, aggfunc="mean")
-        return _signed(pivot.reindex(index=settings, columns=seeds).to_numpy(dtype=float), metric)
+        values = pivot.reindex(index=settings, columns=seeds).to_numpy(dtype=float)
+        if metric_table.scale(metric) == "log" and bool((values[~np.isnan(values)] > 0).all()):
+            values = np.log(values)  # a distance or a loss: averaged on its log, as the leaderboard ranks it
+        return _signed(values, metric)
 
     base = cube(primary)
     mean_p = np.nanmean(base, axis=1)
@@ -104,18 +110,12 @@ def block_agreement(runs: pd.DataFrame, primary: str, metrics: Sequence[str], re
     return {"primary": primary, "best": best_p, "rows": rows}
 
 
-class _quiet:
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
     """Silence numpy's "mean of empty slice" for settings a resample leaves without a value."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._ctx.__exit__(*exc)
+        yield
 
 
 def report_agreement(runs: pd.DataFrame, table: pd.DataFrame, metrics: Sequence[str],
