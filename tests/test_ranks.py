@@ -132,3 +132,25 @@ def test_interval_sentence_names_each_kind_once_with_its_metrics(tmp_path):
 )
 def test_tie_ranks_by_hand(values, lows, highs, higher, expected):
     assert tie_ranks(values, lows, highs, higher_is_better=higher) == expected
+
+
+def test_a_planted_bimodal_setting_is_flagged_on_the_page_and_not_ranked_first(tmp_path):
+    # two good seeds (better than FedAvg's) and one collapsed at the untrained score: its geometric mean
+    # (232) would not rank it first anyway, but its arithmetic mean of its good seeds would; the page
+    # must say it collapsed once and is not shown better than the untrained model, and rank it last
+    runs = tmp_path / "runs"
+    for seed, (fa, bi, un) in enumerate([(150.0, 118.0, 880.0), (120.0, 1010.0, 900.0), (160.0, 115.0, 870.0)]):
+        make_run(runs, f"fa{seed}", seed=seed, evaluations=[fd_ci(fa, fa - 5, fa + 5)])
+        make_run(runs, f"bi{seed}", seed=seed, method="random_prune", params={"keep_ratio": 0.5},
+                 evaluations=[fd_ci(bi, bi - 5, bi + 5)])
+        make_run(runs, f"un{seed}", seed=seed, rounds=0, evaluations=[fd_ci(un, un - 5, un + 5)], uplink_bits=0)
+    build_report(runs, tmp_path / "out")
+    csv = pd.read_csv(tmp_path / "out" / "leaderboard.csv")
+    trained = csv[~csv["baseline"]].set_index("method")
+    assert trained.loc["random_prune", "rank"] == 2 and trained.loc["fedavg", "rank"] == 1
+    assert (trained.loc["random_prune", "collapsed"], trained.loc["random_prune", "collapse_seeds"]) == (1, 3)
+    assert bool(trained.loc["random_prune", "floor"]) and not bool(trained.loc["fedavg", "floor"])
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "collapsed 1/3 (unstable); not better than untrained" in md
+    assert "Not shown better than the untrained model (ranked last): random_prune" in md
+    assert "Collapsed on some seeds only: random_prune (1/3)." in md
