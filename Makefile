@@ -97,13 +97,13 @@ bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simu
 	@# one torch thread per worker, as for the committed numbers; the pruning cells' inference rule
 	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
+	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers --claims benchmark/grid/builtin/cpu-stragglers.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
 
 bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
 	@# one torch thread per worker, as for the committed numbers
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-compression --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression && \
+	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression --claims benchmark/grid/builtin/cpu-compression.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
 	$(BIN)/python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
 
@@ -111,7 +111,7 @@ bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and 
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
 	@# held-out seed 7 (results/cpu-privacy/clip.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy && \
+	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims benchmark/grid/builtin/cpu-privacy.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
