@@ -110,7 +110,8 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
     d = Path(shutil.copytree(trained, tree / "fmnist" / "iid" / "fedavg" / trained.name))
     metrics = runfolder.read_json(d / runfolder.METRICS)
     kept = [r for r in metrics["evaluations"] if r["metric"] != "denoise_loss"]
-    runfolder.write_json(d / runfolder.METRICS, {**metrics, "evaluations": kept})
+    recorded = metrics["pairing"]  # and from before the pairing records (the seeded init, the fixed noises)
+    runfolder.write_json(d / runfolder.METRICS, {**{k: v for k, v in metrics.items() if k != "pairing"}, "evaluations": kept})
     before = _digests(d)
     # execute: `dfbench eval` over the whole tree
     from dfbench.benchmark.cli import main
@@ -124,11 +125,14 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
     added = runfolder.read_json(d / runfolder.RESCORED)["evaluations"]
     assert [r["metric"] for r in added] == ["denoise_loss"] and "1 run(s) rescored" in out
     assert added[0]["value"] == pytest.approx(_loss(trained)["value"], rel=1e-6)
+    # the pairing records rebuilt from the config are the ones the run wrote when it trained
+    assert runfolder.read_json(d / runfolder.RESCORED)["pairing"] == recorded
     # the reporter reads the added row beside metrics.json's
     from dfbench.benchmark.report.run_records import read_run
 
     record = read_run(d)
     assert [r["metric"] for r in record.metrics["evaluations"]].count("denoise_loss") == 1
+    assert record.metrics["pairing"] == recorded
     # a second pass finds nothing to add and writes nothing
     again = _digests(d)
     assert main(["eval", str(tree)]) == 0 and "1 up to date" in capsys.readouterr().out

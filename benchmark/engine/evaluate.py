@@ -504,14 +504,27 @@ def _rescore_dir(d: Path, cfg: RunConfig, metrics: dict[str, Any]) -> list[dict[
         ctx, method, params = final_model(d, cfg)
         rows += tag_rows(heldout.method_denoising_rows(cfg, ctx, method, params), label, True)
     new = [row for row in rows if _row_key(row) not in have]
-    if new:
+    # a run from before metrics.json kept its pairing records: the seeded initial parameters and the fixed
+    # noises are rebuilt from its config (no training), so the verdicts can check that runs at one seed share them
+    pairing = None if "pairing" in metrics or "pairing" in added else pairing_fingerprints(cfg, _context(cfg))
+    if new or pairing:
         from dfbench.benchmark.core.runfolder import environment
 
-        record = {"evaluations": [*added.get("evaluations", []), *new],
+        record = {**{k: v for k, v in added.items() if k not in ("evaluations", "note", "environment")},
+                  "evaluations": [*added.get("evaluations", []), *new],
                   "note": "rows added after the run by `dfbench eval` (metrics.json is the run's own evaluation)",
                   "environment": environment(cfg.device)}
+        if pairing:
+            record["pairing"] = pairing
         runfolder.write_json(d / runfolder.RESCORED, record)
     return new
+
+
+def _context(cfg: RunConfig) -> Any:
+    """A run's context rebuilt from its config: its data, partition and seeded initial network."""
+    from dfbench.benchmark.engine.context import build_context
+
+    return build_context(cfg)
 
 
 def rescore_tree(root: str | Path, device: str | None = None, *, feature_batch: int | None = None,

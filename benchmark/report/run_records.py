@@ -179,12 +179,15 @@ def read_run(path: str | Path) -> RunRecord | RunFailure:
         if not isinstance(evaluations, list):
             raise _Unreadable(f"{runfolder.METRICS}: 'evaluations' is not a list")
         if (path / runfolder.RESCORED).is_file():  # rows `dfbench eval` added later: read beside the run's own
-            added = _read_json_dict(path / runfolder.RESCORED).get("evaluations", [])
+            rescored = _read_json_dict(path / runfolder.RESCORED)
+            added = rescored.get("evaluations", [])
             if not isinstance(added, list):
                 raise _Unreadable(f"{runfolder.RESCORED}: 'evaluations' is not a list")
             have = {(r.get("metric"), r.get("inference")) for r in evaluations}
             extra = [{**r, "rescored": True} for r in added if (r.get("metric"), r.get("inference")) not in have]
             metrics = {**metrics, "evaluations": [*evaluations, *extra]}
+            if "pairing" not in metrics and isinstance(rescored.get("pairing"), dict):  # rebuilt by `dfbench eval`
+                metrics["pairing"] = rescored["pairing"]
         if not isinstance(metrics.get("drift"), dict) and (path / runfolder.DRIFT).is_file():
             # drift recorded after the evaluation (its dense reference finished later): read beside the run's own
             try:
