@@ -109,7 +109,8 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
     tree = tmp_path / "runs"
     d = Path(shutil.copytree(trained, tree / "fmnist" / "iid" / "fedavg" / trained.name))
     metrics = runfolder.read_json(d / runfolder.METRICS)
-    kept = [r for r in metrics["evaluations"] if r["metric"] != "denoise_loss"]
+    dropped = {r["metric"]: r for r in metrics["evaluations"] if r["metric"] in ("denoise_loss", "fd_fmnist")}
+    kept = [r for r in metrics["evaluations"] if r["metric"] not in dropped]
     recorded = metrics["pairing"]  # and from before the pairing records (the seeded init, the fixed noises)
     runfolder.write_json(d / runfolder.METRICS, {**{k: v for k, v in metrics.items() if k != "pairing"}, "evaluations": kept})
     before = _digests(d)
@@ -123,8 +124,12 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
     assert set(after) - set(before) == {runfolder.RESCORED}
     assert {k: v for k, v in after.items() if k != runfolder.RESCORED} == before
     added = runfolder.read_json(d / runfolder.RESCORED)["evaluations"]
-    assert [r["metric"] for r in added] == ["denoise_loss"] and "1 run(s) rescored" in out
-    assert added[0]["value"] == pytest.approx(_loss(trained)["value"], rel=1e-6)
+    # only what it lacks is scored again: the one sample metric and the model's loss (the rows that come with
+    # fd_fmnist, PRDC and mode coverage, are there already: not added twice)
+    assert sorted(r["metric"] for r in added) == ["denoise_loss", "fd_fmnist"] and "1 run(s) rescored" in out
+    by_name = {r["metric"]: r for r in added}
+    assert by_name["denoise_loss"]["value"] == pytest.approx(_loss(trained)["value"], rel=1e-6)
+    assert by_name["fd_fmnist"]["value"] == pytest.approx(dropped["fd_fmnist"]["value"], rel=1e-6)
     # the pairing records rebuilt from the config are the ones the run wrote when it trained
     assert runfolder.read_json(d / runfolder.RESCORED)["pairing"] == recorded
     # the reporter reads the added row beside metrics.json's
@@ -132,6 +137,7 @@ def test_rescoring_adds_rows_and_leaves_every_other_byte_of_the_run_folder_as_it
 
     record = read_run(d)
     assert [r["metric"] for r in record.metrics["evaluations"]].count("denoise_loss") == 1
+    assert [r["metric"] for r in record.metrics["evaluations"]].count("fd_fmnist") == 1
     assert record.metrics["pairing"] == recorded
     # a second pass finds nothing to add and writes nothing
     again = _digests(d)

@@ -153,11 +153,13 @@ def tag_rows(rows: list[dict[str, Any]], label: str | None, configured: bool) ->
 
 
 def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progress: bool = False,
-          clients: Callable[[], tuple[Any, ...]] | None = None) -> tuple[list[dict[str, Any]], str | None, list[str]]:
+          clients: Callable[[], tuple[Any, ...]] | None = None,
+          metrics: list[str] | None = None) -> tuple[list[dict[str, Any]], str | None, list[str]]:
     """(evaluation rows, the reason they are incomplete or None, notes on metrics left out).
 
     `clients()` gives (client index arrays, expert of each client, size of the clients' split,
     why there are none) for per-client quality. Bootstrap intervals are seeded by the run's seed.
+    `metrics`: score these instead of the run's eval.metrics (`dfbench eval`: the ones a run lacks).
     """
     from dfbench.benchmark.metrics.scoring import MissingWeightsError, evaluate_samples
 
@@ -165,7 +167,8 @@ def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progre
         return [], None, []
     client_indices, expert_of_client, split_size, why_no_clients = clients() if clients else (None, None, None, None)
     try:
-        rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg), reference_split=cfg.eval.reference_split,
+        rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg) if metrics is None else metrics,
+                                       reference_split=cfg.eval.reference_split,
                                        data_root=cfg.data.root, device=cfg.device, progress=progress, seed=cfg.seed,
                                        batch_size=cfg.eval.feature_batch,
                                        client_indices=client_indices, group_of_client=expert_of_client,
@@ -495,11 +498,23 @@ def _rescore_dir(d: Path, cfg: RunConfig, metrics: dict[str, Any]) -> list[dict[
     sampler = sampler_of(cfg, method)
     label, others = sample_variants(cfg, method)
     clients = functools.cache(lambda: _clients(cfg, run=d))
-    rows = tag_rows(score(d, cfg, samples, sampler, clients=clients)[0], label, True)
+    # only the requested metrics a rule lacks are scored (with the rows that come with them: PRDC, per-client
+    # quality, mode coverage); a run that has them all is not scored again. A row kind added later to a metric
+    # the run already has needs `--replace`.
+    from dfbench.benchmark.metrics.scoring import _resolve_metrics
+
+    requested = _resolve_metrics(_metrics(cfg), cfg.data.dataset, None)
+
+    def lacking(rule: Any) -> list[str]:
+        return [m for m in requested if (m, rule) not in have]
+
+    rows = tag_rows(score(d, cfg, samples, sampler, clients=clients, metrics=lacking(label))[0], label, True) \
+        if lacking(label) else []
     for other in others:
         path = d / variant_samples_name(other)
-        if path.exists():
-            rows += tag_rows(score(d, cfg, _read_samples(path, d, regenerable=False), sampler, clients=clients)[0], other, False)
+        if path.exists() and lacking(other):
+            rows += tag_rows(score(d, cfg, _read_samples(path, d, regenerable=False), sampler, clients=clients,
+                                   metrics=lacking(other))[0], other, False)
     if (heldout.METRIC, label) not in have:  # the model's own loss needs the trained weights, not the samples
         ctx, method, params = final_model(d, cfg)
         rows += tag_rows(heldout.method_denoising_rows(cfg, ctx, method, params), label, True)
