@@ -57,7 +57,8 @@ def make_mosaic(block: pd.DataFrame, title: str, out_path: Path, min_tile: int =
         primary = row["primary_metric"]
         score = f"{primary} {fmt_metric(row, primary, int(row['n']))}" if primary and row[f"{primary}_n"] else "no score"
         name = names[idx]  # the page's name: the hyperparameters off the method's defaults, not all of them
-        rank = "" if pd.isna(row["rank"]) else f"#{rank_text(row)} "  # as the page writes the rank
+        # as the page writes the rank; "-" for the range: the caption font has no en dash
+        rank = "" if pd.isna(row["rank"]) else f"#{rank_text(row).replace(chr(8211), '-')} "
         caption = [f"{rank}{name}", score, f"seed {row['grid_seed']}"]
         tiles.append((tile, [c for c in caption if c]))
     if not tiles:
