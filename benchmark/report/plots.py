@@ -55,6 +55,10 @@ def _with_score(frame: pd.DataFrame, metrics: Sequence[str], suffix: str = "") -
     ]
     df["score"] = pd.to_numeric(df["score"], errors="coerce")
     if suffix == "_mean":  # setting rows: the interval of the score (t across seeds, else the run's bootstrap)
+        # a positive metric's interval is that of its geometric mean: plot that mean with it, as the page shows
+        gmean = pd.to_numeric([row.get(f"{m}_gmean", math.nan) if isinstance(m, str) else math.nan
+                               for m, (_, row) in zip(df["score_metric"], df.iterrows())], errors="coerce")
+        df["score"] = np.where(np.isfinite(gmean), gmean, df["score"])
         for side in ("low", "high"):
             df[f"score_{side}"] = pd.to_numeric(
                 [row.get(f"{m}_ci_{side}", math.nan) if isinstance(m, str) else math.nan
@@ -230,7 +234,8 @@ def plot_metric_vs_alpha(table: pd.DataFrame, metrics: Sequence[str], path: Path
         return "no run with a dirichlet:A partition"
     if pd.to_numeric(df["alpha"]).nunique() < 2:
         return f"only one Dirichlet alpha ({pd.to_numeric(df['alpha']).iloc[0]:g}): nothing to plot against"
-    note = "seed mean of each setting; bars: 95% interval; settings at one alpha are spread sideways so no bar hides another"
+    note = ("seed mean of each setting (geometric for a distance); bars: 95% interval; settings at one alpha are spread "
+            "sideways so no bar hides another")
     if n_iid:
         note += f"; iid settings ({n_iid}) omitted: alpha = inf"
     return _points_with_intervals(df, metrics, "alpha", path, "Dirichlet alpha (smaller = more heterogeneous)", note,
@@ -242,8 +247,8 @@ def plot_metric_vs_uplink(table: pd.DataFrame, metrics: Sequence[str], path: Pat
     if table.empty:
         return "no finished runs"
     return _points_with_intervals(table, metrics, "uplink_mb_mean", path, "total uplink (MB)",
-                                  "one point per setting (mean over seeds); bars: 95% interval (t across seeds, else the "
-                                  "run's bootstrap); settings with the same uplink are spread sideways",
+                                  "one point per setting (mean over seeds, geometric for a distance); bars: 95% interval (t across "
+                                  "seeds, else the run's bootstrap); settings with the same uplink are spread sideways",
                                   log_x=None, connect=False, ticks_at_values=False)
 
 
@@ -298,7 +303,8 @@ def _plot_vs_bound_term(table: pd.DataFrame, metrics: Sequence[str], column: str
             return "no run pruned anything (w^2 = 0 for every run)"
     if values.nunique() < 2:
         return f"{name} is {values.iloc[0]:g} for every scored setting{' that prunes' if w2 else ''}: nothing to plot against"
-    note = "one point per setting (mean over seeds); bars: 95% interval; settings at one x are spread sideways"
+    note = ("one point per setting (mean over seeds, geometric for a distance); bars: 95% interval; settings at one x "
+            "are spread sideways")
     if w2:
         note += "; settings that prune nothing (w^2 = 0) left out"
     # Gamma* counts updates: where every setting's mean is a whole number, a labelled tick at each value
