@@ -150,3 +150,16 @@ def test_an_unclosed_block_is_refused_and_nothing_written(tmp_path):
     with pytest.raises(C.ClaimsError, match="never closes"):
         C.quote_into_readme(readme, "new\n")
     assert readme.read_text() == f"x\n{C.BEGIN}\nold\n"
+
+
+def test_report_refuses_a_bad_claims_file_or_margin_before_writing_anything(tmp_path, capsys):
+    from dfbench.benchmark.cli import main
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    bad = _claims(tmp_path, '[[claim]]\nid = "x"\nstatement = "s"\na = "fedavg"\nb = "untrained"\nexpect = "beats"\n')
+    out = tmp_path / "out"
+    assert main(["report", "--runs", str(runs), "--out", str(out), "--claims", str(bad)]) == 2
+    assert "expect = 'beats'" in capsys.readouterr().err and not out.exists()
+    assert main(["report", "--runs", str(runs), "--out", str(out), "--margin", "1.5"]) == 2
+    assert "margin" in capsys.readouterr().err and not out.exists()

@@ -178,3 +178,12 @@ def test_one_seed_floor_uses_the_runs_own_intervals():
 def test_a_positive_metric_at_zero_is_refused():
     with pytest.raises(ValueError, match="ratio"):
         V.transform([1.0, 0.0], "log")
+
+
+def test_a_higher_is_better_difference_metric_flips_the_verdict_and_has_no_ratio():
+    ref = {0: 0.50, 1: 0.60, 2: 0.55, 3: 0.52}
+    up = {s: v + 0.10 + 0.005 * (s % 2) for s, v in ref.items()}  # precision-like: higher is better
+    out = V.block_verdicts([_setting("ref", ref, ref=True), _setting("up", up)], scale="difference", lower_better=False)
+    assert out["up"]["verdict"] == "better" and out["up"]["rank"] == 1
+    assert out["up"]["estimate"] == pytest.approx(np.mean([up[s] - ref[s] for s in ref]))  # a difference, not a ratio
+    assert out["up"]["floor_note"] == "no untrained model in this block" and out["up"]["floor"] is False

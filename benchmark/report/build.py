@@ -69,7 +69,6 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
 
     root = Path(runs_dir)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     claim_list = None
     if claims is not None:  # a bad claims file stops the report before anything is written
         from dfbench.benchmark.report.claims import load_claims
@@ -77,6 +76,7 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         claim_list = load_claims(claims)
     margin = verdicts.MARGIN if margin is None else margin
     verdicts.equivalence_bounds("log", margin, 1.0)  # a bad margin stops it too
+    out.mkdir(parents=True, exist_ok=True)
     data = collect(root, target, reference=reference, margin=margin)
     images: dict[str, Path] = {}
     notes: list[str] = []
