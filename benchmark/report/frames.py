@@ -487,7 +487,10 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
         if primary is not None and runs is not None and len(runs):
             # Baselines are references, not contenders: they get no rank (verdicts.block_verdicts).
             settings = block_settings(block, runs, primary, reference)
-            found = verdicts.block_verdicts(settings, scale=metric_table.scale(primary),
+            scale = metric_table.scale(primary)
+            if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
+                scale = "difference"  # a "positive" score at or below 0 (a foreign row): compared by differences
+            found = verdicts.block_verdicts(settings, scale=scale,
                                             lower_better=better(primary) != "higher", margin=margin)
             setting_of = dict(zip(block["group_key"].astype(str), block["setting"]))
             for idx, row in block.iterrows():
