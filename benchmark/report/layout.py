@@ -266,7 +266,8 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         text += f" Collapsed on some seeds only: {_join(unstable)}."
     base = block[block.apply(_is_baseline, axis=1)]
     if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
-        text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'])}."
+        floor = to_float(base.iloc[0].get(f"{primary}_gmean"))  # as the table shows it
+        text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'] if math.isnan(floor) else floor)}."
     return text
 
 
