@@ -187,3 +187,12 @@ def test_a_higher_is_better_difference_metric_flips_the_verdict_and_has_no_ratio
     assert out["up"]["verdict"] == "better" and out["up"]["rank"] == 1
     assert out["up"]["estimate"] == pytest.approx(np.mean([up[s] - ref[s] for s in ref]))  # a difference, not a ratio
     assert out["up"]["floor_note"] == "no untrained model in this block" and out["up"]["floor"] is False
+
+
+@pytest.mark.parametrize("p,q,mean,lower,want", [
+    (0.01, 0.9, -0.3, True, "better"), (0.01, 0.9, 0.3, True, "worse"), (0.01, 0.9, 0.3, False, "better"),
+    (0.2, 0.01, 0.02, True, "equivalent"), (0.2, 0.3, 0.02, True, "inconclusive"), (math.nan, math.nan, 0.1, True, "inconclusive"),
+    (0.01, 0.01, -0.01, True, "better"),  # a significant difference inside the margin is still a difference
+])
+def test_the_verdict_rule_by_hand(p, q, mean, lower, want):
+    assert V.verdict(p, q, mean, lower_better=lower) == want

@@ -221,13 +221,7 @@ def decide(runs: pd.DataFrame, claims: Sequence[Claim], default_metric: str | No
                               "beyond the bound" if math.isfinite(q) and q < alpha else "inconclusive")
             decided_as = {"within the bound": "at_most"}.get(row["verdict"])
         else:
-            sign = 1.0 if lower[claim.id] else -1.0
-            if math.isfinite(p) and p < alpha:
-                row["verdict"] = "better" if sign * mean < 0 else "worse"
-            elif math.isfinite(q) and q < alpha:
-                row["verdict"] = "equivalent"
-            else:
-                row["verdict"] = "inconclusive"
+            row["verdict"] = V.verdict(p, q, mean, lower_better=lower[claim.id], alpha=alpha)
             decided_as = row["verdict"]
         if row["verdict"] == "inconclusive":
             row["outcome"] = "undecided"

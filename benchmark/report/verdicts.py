@@ -219,6 +219,18 @@ def seeds_to_decide(mean: float, sd: float, bounds: tuple[float, float], alpha: 
     return lo
 
 
+def verdict(p_holm: float, p_equivalence_holm: float, mean: float, *, lower_better: bool,
+            alpha: float = ALPHA) -> Verdict:
+    """The verdict of one contrast from its Holm-adjusted p-values and its mean difference (setting minus
+    reference, on the comparison scale): better / worse when no-difference is rejected, else equivalent when
+    the two one-sided tests reject a difference beyond the margin, else inconclusive."""
+    if math.isfinite(p_holm) and p_holm < alpha:
+        return "better" if (mean < 0) == lower_better else "worse"
+    if math.isfinite(p_equivalence_holm) and p_equivalence_holm < alpha:
+        return "equivalent"
+    return "inconclusive"
+
+
 def bootstrap_draws(n_seeds: int, resamples: int = RESAMPLES, seed: int = RANK_SEED) -> np.ndarray:
     """(resamples, n_seeds) seed indices drawn with replacement from a fixed generator."""
     return np.random.default_rng(seed).integers(0, n_seeds, size=(resamples, n_seeds))
@@ -357,12 +369,8 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     for (s, _, seeds, t, _, bounds), pd_, pe in zip(tests, p_diff, p_eq):
         row = out[s.key]
         row["p_holm"], row["p_equivalence_holm"] = pd_, pe
-        if math.isfinite(pd_) and pd_ < alpha:
-            row["verdict"] = "better" if sign * t.mean < 0 else "worse"
-        elif math.isfinite(pe) and pe < alpha:
-            row["verdict"] = "equivalent"
-        else:
-            row["verdict"] = "inconclusive"
+        row["verdict"] = verdict(pd_, pe, t.mean, lower_better=lower_better, alpha=alpha)
+        if row["verdict"] == "inconclusive":
             if len(seeds) < 2:
                 row["verdict_note"] = "one paired seed: no spread to test"
             else:

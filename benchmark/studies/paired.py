@@ -93,12 +93,7 @@ def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", hig
                           "ratio_high": V.back(t.high, scale) if positive else math.nan})
         for row, p, q, (_, _, m) in zip(found, V.holm([t[0] for t in tests]), V.holm([t[1] for t in tests]), tests):
             row["p_holm"], row["p_equivalence_holm"] = p, q
-            if math.isfinite(p) and p < V.ALPHA:
-                row["verdict"] = "better" if (m > 0) == higher_better else "worse"
-            elif math.isfinite(q) and q < V.ALPHA:
-                row["verdict"] = "equivalent"
-            else:
-                row["verdict"] = "inconclusive"
+            row["verdict"] = V.verdict(p, q, m, lower_better=not higher_better)
         rows += found
     table = pd.DataFrame(rows, columns=COLUMNS)
     return table.sort_values(["dataset", "partition", "mean"], ascending=[True, True, not higher_better],

@@ -150,10 +150,7 @@ def time_to_quality_table(runs: pd.DataFrame, curves: pd.DataFrame, metric: str,
     for block in sorted({k[:2] for k in tests}):
         keys = [k for k in tests if k[:2] == block]
         for k, p, q in zip(keys, V.holm([tests[k][0] for k in keys]), V.holm([tests[k][1] for k in keys])):
-            if math.isfinite(p) and p < V.ALPHA:
-                verdicts[k] = "better" if (tests[k][2] > 0) == higher_final else "worse"
-            else:
-                verdicts[k] = "equivalent" if math.isfinite(q) and q < V.ALPHA else "inconclusive"
+            verdicts[k] = V.verdict(p, q, tests[k][2], lower_better=not higher_final)
     for row in rows:
         row["final_verdict"] = verdicts.get((row["dataset"], row["partition"], row["label"]), "")
     return pd.DataFrame(rows, columns=COLUMNS)
