@@ -14,8 +14,9 @@ statistic here works on those per-seed differences:
   difference inside ``+- margin x |reference mean|``), else *inconclusive*. Both families of p-values
   are Holm-corrected (statsmodels' ``multipletests``) over the block's comparisons. Level 0.05.
 - **interval**: the 95 % paired Student-t interval of the mean difference (a ratio interval on the
-  log scale). Not a percentile bootstrap: with 3 seeds that interval is the range of the three
-  differences, and the true mean lies outside it one time in four, not one in twenty.
+  log scale). Not a percentile bootstrap: with 3 seeds that interval lies within the range of the
+  three differences, which misses the true mean of a symmetric spread one time in four (all three
+  on one side), so it covers at most 75 %, not 95 %.
 - **floor**: a setting the paired test does not show better than the untrained model of the same
   seeds is marked so and ranks after every setting that is; with one seed, the two runs' own
   sampling intervals must be disjoint.
