@@ -171,3 +171,12 @@ def pd_read(path: Path):
     import pandas as pd
 
     return pd.read_csv(path)
+
+
+def test_samples_figure_is_left_alone_without_the_runs_samples(study_root, tmp_path):
+    # a committed study keeps its run folders without samples.npz: the figure is not redrawn, the rest is
+    for npz in study_root.rglob("samples.npz"):
+        npz.unlink()
+    paths = paper_figures.build(study_root, tmp_path / "out")
+    assert isinstance(paths["samples"], str) and "no samples.npz" in paths["samples"]
+    assert not (tmp_path / "out" / "paper_samples.png").exists() and paths["metric_vs_keep"].is_file()
