@@ -163,11 +163,7 @@ def select(runs: pd.DataFrame, spec: str, where: Mapping[str, Any]) -> pd.DataFr
 
 
 def _setting(rows: pd.DataFrame, metric: str) -> V.Setting:
-    rows = rows[rows[metric].notna()] if metric in rows else rows.iloc[0:0]
-    prints = {r["seed"]: {k: r[k] for k in V.FINGERPRINT_NAMES if isinstance(r.get(k), str) and r.get(k)}
-              for _, r in rows.iterrows()}
-    return V.Setting(key=str(rows["group_key"].iloc[0]) if len(rows) else "", values=dict(zip(rows["seed"], rows[metric].astype(float))),
-                     fingerprints=prints)
+    return V.setting_of_runs(rows, metric, str(rows["group_key"].iloc[0]) if len(rows) else "")
 
 
 def decide(runs: pd.DataFrame, claims: Sequence[Claim], default_metric: str | None = None,

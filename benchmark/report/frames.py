@@ -453,20 +453,9 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     for _, row in block.iterrows():
         if row["baseline"] and str(row["group_key"]) != floor_key:
             continue
-        grp = runs[runs["group_key"] == row["group_key"]]
-        if metric in grp:
-            grp = grp[grp[metric].notna()]
-        else:
-            grp = grp.iloc[0:0]
-        values, prints, intervals = {}, {}, {}
-        for _, r in grp.iterrows():
-            seed = r["seed"]
-            values[seed] = float(r[metric])
-            prints[seed] = {k: r[k] for k in verdicts.FINGERPRINT_NAMES if isinstance(r.get(k), str)}
-            intervals[seed] = (to_float(r.get(f"{metric}__lo")), to_float(r.get(f"{metric}__hi")))
-        out.append(verdicts.Setting(key=str(row["group_key"]), values=values, fingerprints=prints,
-                                    budget=str(row["budget_key"]), intervals=intervals, baseline=bool(row["baseline"]),
-                                    is_reference=is_reference(row, reference)))
+        out.append(verdicts.setting_of_runs(runs[runs["group_key"] == row["group_key"]], metric, str(row["group_key"]),
+                                            budget=str(row["budget_key"]), baseline=bool(row["baseline"]),
+                                            is_reference=is_reference(row, reference)))
     return out
 
 

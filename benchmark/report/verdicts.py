@@ -303,6 +303,20 @@ class Setting:
 FINGERPRINT_NAMES = {"partition_sha256": "partitions", "init_sha256": "initial models", "eval_noise_sha256": "evaluation noises"}
 
 
+def setting_of_runs(runs: Any, metric: str, key: str, **fields: Any) -> Setting:
+    """A `Setting` from the per-run rows of one setting (a DataFrame with seed, `metric`, the pairing records
+    and, where the run has one, its own interval `metric`__lo / __hi): runs without the metric left out."""
+    rows = runs[runs[metric].notna()] if metric in runs else runs.iloc[0:0]
+    values, prints, intervals = {}, {}, {}
+    for _, r in rows.iterrows():
+        seed = r["seed"]
+        values[seed] = float(r[metric])
+        prints[seed] = {k: r[k] for k in FINGERPRINT_NAMES if isinstance(r.get(k), str) and r.get(k)}
+        lo, hi = r.get(f"{metric}__lo"), r.get(f"{metric}__hi")
+        intervals[seed] = (float(lo) if lo is not None else math.nan, float(hi) if hi is not None else math.nan)
+    return Setting(key=key, values=values, fingerprints=prints, intervals=intervals, **fields)
+
+
 def pairing_problem(a: Setting, b: Setting, seeds: Sequence[Any]) -> str | None:
     """Why runs of `a` and `b` at the same seed must not be paired (a record that both have and that
     differs), or None. A record one run lacks (written before it was kept) is not held against it."""

@@ -55,10 +55,14 @@ def expected_claims(study: Path, claims_file: Path | None = None) -> str | None:
     if claims_file is None:
         return None
     runs = read_runs(study)
-    metrics = [c for c in runs.columns if not c.startswith(("param.", "cfg.")) and "__" not in c]
+    return C.to_markdown(C.decide(runs, C.load_claims(claims_file), _primary(runs)))
+
+
+def _primary(runs: pd.DataFrame) -> str | None:
+    """The report's ranking metric among runs.csv's metric columns."""
     from dfbench.benchmark.report.frames import primary_metric
 
-    return C.to_markdown(C.decide(runs, C.load_claims(claims_file), primary_metric(metrics)))
+    return primary_metric(c for c in runs.columns if not c.startswith(("param.", "cfg.")) and "__" not in c)
 
 
 def stale_blocks(readme: Path) -> list[str]:
@@ -98,10 +102,7 @@ def refresh(readme: Path, claims_file: Path | None = None) -> list[str]:
     claims_file = claims_file or claims_file_of(study)
     if claims_file is not None:
         runs = read_runs(study)
-        metrics = [c for c in runs.columns if not c.startswith(("param.", "cfg.")) and "__" not in c]
-        from dfbench.benchmark.report.frames import primary_metric
-
-        written += [str(p) for p in C.write_claims(runs, claims_file, study, primary_metric(metrics), readme).values()]
+        written += [str(p) for p in C.write_claims(runs, claims_file, study, _primary(runs), readme).values()]
     return written
 
 
