@@ -246,6 +246,9 @@ def test_helpers() -> None:
     assert format_params({}) == ""
     assert parse_alpha("dirichlet:0.5") == 0.5
     assert math.isnan(parse_alpha("iid"))
+    assert parse_alpha("flwr:dirichlet?alpha=0.3") == 0.3  # Flower Datasets' name, any parameter order
+    assert parse_alpha("flwr:dirichlet?min_partition_size=5&alpha=2") == 2.0
+    assert math.isnan(parse_alpha("flwr:iid"))
 
 
 def test_only_failures_still_reports(tmp_path: Path) -> None:

@@ -265,8 +265,10 @@ def format_params(params: Mapping[str, Any]) -> str:
 
 
 def parse_alpha(partition: str) -> float:
-    """Dirichlet concentration from a partition spec ``dirichlet:A``; NaN for other partitions."""
-    match = re.fullmatch(r"dirichlet:([0-9.eE+-]+)", str(partition).strip())
+    """Dirichlet concentration from a partition spec ``dirichlet:A`` or Flower Datasets' ``flwr:dirichlet?...alpha=A...``;
+    NaN for other partitions."""
+    spec = str(partition).strip()
+    match = re.fullmatch(r"dirichlet:([0-9.eE+-]+)", spec) or re.fullmatch(r"flwr:dirichlet\?(?:.*&)?alpha=([0-9.eE+-]+)(?:&.*)?", spec)
     if not match:
         return math.nan
     try:
