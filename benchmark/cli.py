@@ -23,7 +23,8 @@ def _kv(text: str) -> tuple[str, Any]:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     d, t, e = DataConfig(), TrainConfig(), EvalConfig()
-    p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 (default {d.dataset})")
+    p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] "
+                   f"(your own data: README, 'Bring your own data'; default {d.dataset})")
     p.add_argument("--method", default="fedavg", help="a registered method (see `dfbench methods`)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=d.clients)
@@ -31,7 +32,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-steps", type=int, default=t.local_steps)
     p.add_argument("--batch-size", type=int, default=t.batch_size)
     p.add_argument("--lr", type=float, default=t.lr)
-    p.add_argument("--partition", default=d.partition, help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K")
+    p.add_argument("--partition", default=d.partition, help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K | flwr:NAME?PARAM=VALUE&... "
+                        "(Flower Datasets' partitioners, e.g. flwr:dirichlet?alpha=0.5)")
     p.add_argument("--eval-samples", type=int, default=e.samples)
     p.add_argument("--sampler-steps", type=int, default=e.sampler_steps)
     p.add_argument("--data-root", default=None, help="data folder (else $DFBENCH_DATA, the system path, the fetch cache; --download or `dfbench fetch` fills the cache)")
@@ -173,7 +175,9 @@ def cmd_grid(a: argparse.Namespace) -> int:
     except (MissingInputsError, FetchError) as err:  # raised before the first cell
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
-    print(summary.text())
+    from dfbench.benchmark.grid.workers import WORKER_ENV
+
+    print(summary.worker_text() if os.environ.get(WORKER_ENV) else summary.text())
     return summary.exit_code
 
 
@@ -301,10 +305,16 @@ def record_drift(path: str | Path, device: str | None) -> None:
         print(f"{path}: drift recorded (drift.json) for {len(written)} run(s) evaluated before their dense reference was done")
 
 
+def _extractor_weights(a: argparse.Namespace) -> str | None:
+    """The weights flag that applies to the chosen extractor: --inception-weights for the Inception networks,
+    --dinov2-weights for DINOv2; the Fashion-MNIST networks' are pinned in the package."""
+    return {"inception": a.inception_weights, "clean": a.inception_weights, "dinov2": a.dinov2_weights}.get(a.extractor)
+
+
 def cmd_fid(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import fid_between
 
-    out = fid_between(a.a, a.b, extractor=a.extractor, weights=None if a.extractor in ("fmnist", "fmnist_ae") else a.inception_weights, device=a.device)
+    out = fid_between(a.a, a.b, extractor=a.extractor, weights=_extractor_weights(a), device=a.device)
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -312,8 +322,7 @@ def cmd_fid(a: argparse.Namespace) -> int:
 def cmd_fid_ref(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import get_extractor, reference_stats
 
-    # --inception-weights applies to the Inception networks only; the Fashion-MNIST networks' are pinned in the package
-    ex = get_extractor(a.extractor, weights=None if a.extractor in ("fmnist", "fmnist_ae") else a.inception_weights, device=a.device)
+    ex = get_extractor(a.extractor, weights=_extractor_weights(a), device=a.device)
     mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
     print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
     return 0
@@ -356,6 +365,8 @@ def cmd_partition(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dfbench.benchmark.metrics.table import frechet_extractors  # pure data: cheap to import
+
     p = argparse.ArgumentParser(prog="dfbench", description="Benchmark of federated and decentralized training schemes for diffusion models.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -486,14 +497,16 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fid", help="distance between two image sets (folders of PNGs or .npz arrays)")
     f.add_argument("a")
     f.add_argument("b")
-    f.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist", "fmnist_ae"])
+    f.add_argument("--extractor", default="inception", choices=list(frechet_extractors()))
     f.add_argument("--inception-weights", default=None)
+    f.add_argument("--dinov2-weights", default=None, help="dinov2_vitl14_pretrain.pth (for --extractor dinov2; never downloaded)")
     f.add_argument("--device", default="cpu")
     f.set_defaults(func=cmd_fid)
 
     pa = sub.add_parser("partition", help="per-client label heatmap and summary table of a partition")
     pa.add_argument("--dataset", default="fmnist")
-    pa.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K")
+    pa.add_argument("--partition", default="dirichlet:0.5", help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K | flwr:NAME?PARAM=VALUE&... "
+                        "(Flower Datasets' partitioners, e.g. flwr:dirichlet?alpha=0.5)")
     pa.add_argument("--clients", type=int, default=10)
     pa.add_argument("--seed", type=int, default=0, help="the run seed (the partition seed is derived from it as in `dfbench run`)")
     pa.add_argument("--min-size", type=int, default=DataConfig().min_client_size)
@@ -504,8 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     fr = sub.add_parser("fid-ref", help="compute and cache reference statistics")
     fr.add_argument("--dataset", required=True)
     fr.add_argument("--split", default="train", choices=["train", "test"])
-    fr.add_argument("--extractor", default="inception", choices=["inception", "clean", "fmnist", "fmnist_ae"])
+    fr.add_argument("--extractor", default="inception", choices=list(frechet_extractors()))
     fr.add_argument("--inception-weights", default=None)
+    fr.add_argument("--dinov2-weights", default=None, help="dinov2_vitl14_pretrain.pth (for --extractor dinov2; never downloaded)")
     fr.add_argument("--data-root", default=None)
     fr.add_argument("--device", default="cpu")
     fr.set_defaults(func=cmd_fid_ref)

@@ -128,9 +128,15 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def _grey(preset: str) -> bool:
+    """The preset's dataset shape is 28x28 grey (Fashion-MNIST's presets), else 32x32 RGB (the *32 presets and
+    DDPM's CIFAR-10 network)."""
+    return not (preset.endswith("32") or preset.endswith("cifar10"))
+
+
 def synthetic_images(preset: str, n: int, seed: int) -> datasets.ImageSet:
     """uint8 images of the preset's dataset shape (28x28 grey or 32x32 RGB), 10 balanced labels."""
-    grey = not preset.endswith("32")
+    grey = _grey(preset)
     shape = (1, 28, 28) if grey else (3, 32, 32)
     g = torch.Generator().manual_seed(derive_seed(seed, "perf-images"))
     images = torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8)
@@ -376,7 +382,7 @@ def _f(x: float | None, digits: int = 1) -> str:
 def render(rep: PerfReport) -> str:
     """The markdown page of a report."""
     o, m = rep.options, rep.machine
-    n_params = sum(p.numel() for p in build_model(str(o.preset), 1 if not str(o.preset).endswith("32") else 3).parameters())
+    n_params = sum(p.numel() for p in build_model(str(o.preset), 1 if _grey(str(o.preset)) else 3).parameters())
     lines = [
         "# dfbench perf", "",
         f"- date: {m['date']}",

@@ -4,12 +4,14 @@
 >>> train = load("fmnist", "train")                       # doctest: +SKIP
 >>> part = partition(train.labels.numpy(), "dirichlet:0.5", num_clients=10, seed=0)  # doctest: +SKIP
 
-See :mod:`dfbench.datasets.sources` (where data is looked for, how it is verified) and
+See :mod:`dfbench.datasets.sources` (where data is looked for, how it is verified),
+:mod:`dfbench.datasets.user_data` (your own data: ``folder:PATH``, ``hf:PATH``) and
 :mod:`dfbench.datasets.partitioners` (the spec strings).
 """
 from .errors import DatasetError
 from .partitioners import Partition, PartitionSpec, mean_tv_distance, parse_partition, partition
 from .sources import CHECKSUMS, DATASETS, ENV_VAR, ImageSet, cache_dir, clear_cache, data_info, load, locate
+from .user_data import USER_KINDS, is_user_data, parse_user_spec, short_name, user_digest
 
 __all__ = [
     "DATASETS",
@@ -27,4 +29,9 @@ __all__ = [
     "Partition",
     "PartitionSpec",
     "mean_tv_distance",
+    "USER_KINDS",
+    "is_user_data",
+    "parse_user_spec",
+    "short_name",
+    "user_digest",
 ]

@@ -32,6 +32,11 @@ Decoded sets are cached in-process (see :func:`clear_cache`); the cache key is t
 file paths plus their size/mtime and the expected checksums, so a replaced file is re-verified.
 The tensors of a cached :class:`ImageSet` are shared between callers: do not modify them
 in place (``.clone()`` first).
+
+Data users bring (an image folder, a Hugging Face dataset saved with ``save_to_disk``) is named
+``folder:PATH`` / ``hf:PATH`` wherever a dataset name goes; :func:`load`, :func:`data_info` and
+:func:`missing` hand such a name to :mod:`datasets.user_data` (its docstring: splits, labels,
+checks, identity). ``root`` does not apply to it: the spec names its own path.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ import torch
 from .download import DownloadError, download_file
 from .errors import DatasetError
 from .safeio import UnsafeArchiveError, UnsafePickleError, read_tar_members, safe_extract, safe_unpickle
+from .user_data import clear_user_cache, is_user_data, user_data_info, user_missing, user_split
 
 __all__ = [
     "DATASETS",
@@ -258,7 +264,8 @@ def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in _SPECS:
-        raise DatasetError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+        raise DatasetError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}, or your own data as "
+                           "folder:PATH or hf:PATH (datasets/user_data.py)")
     return key
 
 
@@ -284,7 +291,13 @@ def data_info(name: str) -> dict:
     sha256 of the decompressed idx file, ``.gz`` optional), ``sha256`` {file: hexdigest} for the
     files whose recorded checksum is a sha256, ``system_paths``, ``env_var``, ``cache_dir``,
     ``urls`` and ``how_to_get``.
+
+    A user data spec (``folder:PATH``, ``hf:PATH``) is decoded and checked to answer; its dict has the
+    same keys (no files, checksums or URLs) plus ``kind``, ``path``, ``held_out``, ``digest`` (the
+    dataset's content digest) and ``split_sha256`` (see :mod:`datasets.user_data`).
     """
+    if is_user_data(name):
+        return user_data_info(name)
     key = _canonical(name)
     spec = _SPECS[key]
     sums = CHECKSUMS[key]
@@ -372,6 +385,11 @@ def _locate(key: str, split: str, root) -> tuple[_Found | None, list[str]]:
 
 def locate(name: str, split: str = "train", root: str | os.PathLike | None = None) -> Path | None:
     """The folder or file :func:`load` would read (without verifying it), or None."""
+    if is_user_data(name):
+        from .user_data import parse_user_spec
+
+        path = Path(parse_user_spec(name).path).expanduser()
+        return path if path.exists() else None
     found, _ = _locate(_canonical(name), _check_split(split), root)
     return None if found is None else found.where
 
@@ -609,8 +627,9 @@ def _decode_cached(key: str, split: str, kind: str, where: str,
 
 
 def clear_cache() -> None:
-    """Forget every decoded set held in memory."""
+    """Forget every decoded set held in memory (user data too)."""
     _decode_cached.cache_clear()
+    clear_user_cache()
 
 
 def _not_found(key: str, split: str, searched: list[str], download: bool) -> DatasetError:
@@ -695,6 +714,9 @@ def _incomplete(key: str, split: str, found: _Found) -> DatasetError | None:
 def missing(name: str, split: str = "train", root: str | os.PathLike | None = None) -> str | None:
     """None when :func:`load` would find every file of the split (not yet verified), else the
     message :func:`load` would raise (what was looked for where, and how to get it)."""
+    if is_user_data(name):
+        _check_split(split)
+        return user_missing(name)
     key, split = _canonical(name), _check_split(split)
     found, searched = _locate(key, split, root)
     if found is None:
@@ -707,7 +729,13 @@ def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
          download: bool = False) -> ImageSet:
     """Find, verify and decode one split of a dataset (see the module docstring for where it
     looks). Raises :class:`DatasetError` for every data problem; repeated calls for the same
-    unchanged files return the same cached :class:`ImageSet` (do not modify its tensors)."""
+    unchanged files return the same cached :class:`ImageSet` (do not modify its tensors).
+    A user data spec (``folder:PATH``, ``hf:PATH``: :mod:`datasets.user_data`) is decoded and checked
+    instead; ``root`` and ``download`` do not apply to it."""
+    if is_user_data(name):
+        part = user_split(name, _check_split(split))
+        return ImageSet(name=name, split=split, images=torch.from_numpy(part.images), labels=torch.from_numpy(part.labels),
+                        sha256=part.sha256, source=part.source, num_classes=part.num_classes)
     key = _canonical(name)
     split = _check_split(split)
     found, searched = _locate(key, split, root)

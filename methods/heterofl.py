@@ -62,6 +62,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from dfbench.benchmark.core import presets
 from dfbench.benchmark.core.parsing import parse_capacity
 
 from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
@@ -207,6 +208,8 @@ class SubModelInfo:
 
 def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubModelInfo:
     """The rate-r sub-model of the run's UNet, its flat mask, parameter count and FLOP fraction."""
+    if not presets.width_aware(ctx.cfg.train.model):  # refused by HeteroFL.check already; never a KeyError here
+        raise TypeError(f"heterofl slices the benchmark's UNet (benchmark/engine/model.py); train.model={ctx.cfg.train.model} is not one")
     spec = ctx.model_spec
     if getattr(ctx.model, "base", None) != spec.channels or not hasattr(ctx.model, "up"):
         raise TypeError("heterofl slices the benchmark's UNet (benchmark/engine/model.py); ctx.model is not the preset's UNet")
@@ -256,10 +259,18 @@ class HeteroFL(Method):
 
     @classmethod
     def check(cls, config: "HeteroFL.Config", run: "RunConfig", world: int = 1) -> None:
-        """Batched clients only while every client trains the full width (rate 1 is FedAvg)."""
+        """Narrow widths only of a width-aware network (the built-in UNet), and batched clients only while
+        every client trains the full width (rate 1 is FedAvg)."""
         super().check(config, run, world)
         tiers = parse_capacity(run.system.capacity)
         narrowest = min(k for k, _ in tiers) if tiers else config.rate
+        if narrowest < 1.0 and not presets.width_aware(run.train.model):
+            raise ValueError(f"method 'heterofl' cannot train width sub-models of train.model={run.train.model} (narrowest "
+                             f"rate {narrowest:g}): it rebuilds the network at a narrower base width and slices every "
+                             "layer's leading channels, which needs a width-aware network (the built-in UNet, "
+                             "benchmark/engine/model.py); a diffusers UNet2DModel has no such builder. Use a built-in "
+                             f"train.model ({', '.join(('auto', *presets.BUILTIN))}), or method.rate=1.0 without "
+                             "capacity tiers (FedAvg)")
         if run.train.clients_mode == "batched" and narrowest < 1.0:
             raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
                              f"rate {narrowest:g}); use --set train.clients_mode=sequential")

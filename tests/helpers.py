@@ -304,3 +304,17 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(worker_main(json.loads(sys.argv[1])))
+
+
+def interrupt_at(monkeypatch: Any, round_: int) -> None:
+    """Make train_round raise KeyboardInterrupt when it reaches `round_` (Ctrl-C between rounds)."""
+    from dfbench.benchmark.engine import lifecycle
+
+    real = lifecycle.train_round
+
+    def train_round(method, state, ctx, r):
+        if r == round_:
+            raise KeyboardInterrupt
+        return real(method, state, ctx, r)
+
+    monkeypatch.setattr(lifecycle, "train_round", train_round)

@@ -13,7 +13,7 @@ from dfbench import methods
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine.lifecycle import run
-from helpers import final_params, run_then_sigkill, tiny_config
+from helpers import final_params, interrupt_at, run_then_sigkill, tiny_config
 
 pytestmark = pytest.mark.slow  # whole runs, killed and resumed, for every method
 
@@ -54,18 +54,6 @@ def test_sigkill_mid_run_then_rerun_is_bitwise_equal_to_uninterrupted(tmp_path, 
     assert (d / "grid.png").read_bytes() == (ref / "grid.png").read_bytes()
 
 
-def _interrupt_at(monkeypatch: pytest.MonkeyPatch, round_: int) -> None:
-    """Make train_round raise KeyboardInterrupt when it reaches `round_` (Ctrl-C between rounds)."""
-    real = lifecycle.train_round
-
-    def train_round(method, state, ctx, r):
-        if r == round_:
-            raise KeyboardInterrupt
-        return real(method, state, ctx, r)
-
-    monkeypatch.setattr(lifecycle, "train_round", train_round)
-
-
 # every registered method resumes exactly (its extra server state is checkpointed); router kept short
 SMALL = {"experts": {"router_steps": 3, "router_batch": 8}, "quantized": {"error_feedback": True}}
 
@@ -75,7 +63,7 @@ def test_interrupted_run_resumes_bitwise_for_every_method(name, tmp_path, tiny_d
     cfg = tiny_config(name, SMALL.get(name), {"train.rounds": 3, "checkpoint_every": 1})
     ref = run(cfg, tmp_path / "ref", data=tiny_data, progress=False)
     with monkeypatch.context() as m:
-        _interrupt_at(m, 3)
+        interrupt_at(m, 3)
         with pytest.raises(KeyboardInterrupt):
             run(cfg, tmp_path / "cut", data=tiny_data, progress=False)
     d = runfolder.run_dir(tmp_path / "cut", cfg)

@@ -114,6 +114,9 @@ def test_grid_workers_flag_starts_cooperating_processes_that_run_each_cell_once(
     # the command's own summary comes last, after its workers exited: every cell done, none "running"
     last = log.rstrip().splitlines()[-1]
     assert last.startswith("grid t: 4 cell(s) selected") and last.endswith("; 4 done"), log
+    # the two extra workers print only what they ran (they do not wait for the others: a full summary of
+    # theirs listed the cells still running elsewhere as "running")
+    assert log.count("(extra worker, pid ") == 2 and "running:" not in log, log
     _no_leftovers(out)
 
 

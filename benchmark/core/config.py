@@ -33,7 +33,9 @@ DATASETS = ("fmnist", "svhn", "cifar10")
 Objective = Literal["ddpm", "fm"]
 Schedule = Literal["linear", "cosine"]
 Sampler = Literal["auto", "ddim", "euler", "heun"]
-Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32"]
+# train.model: "auto" (per dataset), the built-in UNet's presets, diffusers' UNet2DModel presets (the optional
+# extra); what each needs: benchmark/core/presets.py (a test keeps the two lists equal)
+Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32", "diffusers-tiny", "diffusers-ddpm-cifar10"]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
@@ -78,16 +80,40 @@ def _times_drawn(get: schema.Getter) -> str:
     return "logit_normal" if get("train.objective") == "fm" else "uniform"
 
 
+# the prefixes of data users bring (datasets/user_data.py USER_KINDS; a test keeps the two equal): spelled out
+# here so that hashing a stored config.json (the reporter) imports no torch
+USER_DATA_KINDS = ("folder", "hf")
+
+
+def _user_data_kind(name: Any) -> str | None:
+    """"folder" / "hf" for a user data spec (folder:PATH, hf:PATH?...), else None."""
+    kind, sep, _ = str(name).partition(":")
+    kind = kind.strip().lower()
+    return kind if sep and kind in USER_DATA_KINDS else None
+
+
+def _dataset_hashed(get: schema.Getter) -> Any:
+    """The id hashes what the data is, not where it is: a user dataset by its kind (its content is
+    data.sha256), so a copy elsewhere is the same run; a built-in dataset by its name, as always."""
+    name = get("data.dataset")
+    return _user_data_kind(name) or name
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = declare("fmnist")
-    partition: str = declare("iid")  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K
+    # fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] (datasets/user_data.py)
+    dataset: str = declare("fmnist", canonical=_dataset_hashed)
+    partition: str = declare("iid")  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K | flwr:NAME?PARAM=VALUE&...
     clients: int = declare(10)
     min_client_size: int = declare(8)  # a partition giving a client fewer samples is retried, then refused
     # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all). Was data.client_images
     # (a name metrics.json's client work also had); hashed under that name, so run ids stay.
     images_per_client: int = declare(0, since=6, neutral=0, renamed_from=("client_images",), hash_name="client_images")
     root: str | None = declare(None, role="execution")  # explicit data folder (else DFBENCH_DATA, the system path, download)
+    # the content digest of data users bring (both splits, decoded: datasets.user_digest): filled in when the config
+    # is built, checked against the data whenever it is built again (config.json); "" for the built-in datasets,
+    # whose files are pinned by checksum. The run id hashes it in place of the data's path.
+    sha256: str = declare("", since=7, neutral="")
 
 
 @dataclass(frozen=True)
@@ -206,6 +232,10 @@ class RunConfig:
         # their declared types), frozen: "--set method.bits=4" and bits=4 give the same run id.
         resolved = validate(self)
         object.__setattr__(self, "method_params", types.MappingProxyType(resolved))
+        if _user_data_kind(self.data.dataset) and not self.data.sha256:  # what the data is: part of the run id
+            from dfbench.datasets import user_digest
+
+            object.__setattr__(self, "data", replace(self.data, sha256=user_digest(self.data.dataset)))
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -373,7 +403,9 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
 
     Returns the method's resolved hyperparameters."""
     d, t, s, e = cfg.data, cfg.train, cfg.system, cfg.eval
-    _check(d.dataset in DATASETS, "data.dataset", d.dataset, ", ".join(DATASETS))
+    _check(d.dataset in DATASETS or _user_data_kind(d.dataset) is not None, "data.dataset", d.dataset,
+           f"{', '.join(DATASETS)}, or your own data: folder:PATH, hf:PATH (README, 'Bring your own data')")
+    _check_data(d)
     _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
     _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
     _check(d.images_per_client == 0 or d.images_per_client >= d.min_client_size, "data.images_per_client", d.images_per_client,
@@ -399,6 +431,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
     _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
     _check(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
+    _check_model(cfg)
     _check(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
     _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
     _check(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
@@ -480,6 +513,42 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         msg = err.args[0] if err.args else str(err)
         raise ConfigError(msg) from None
     return dataclasses.asdict(mc)
+
+
+def _check_model(cfg: RunConfig) -> None:
+    """train.model beyond its name (benchmark/core/presets.py): a diffusers preset needs diffusers at the
+    pinned release, and a preset's down-sampling must take the dataset's image side."""
+    from dfbench.benchmark.core import presets
+    from dfbench.datasets import data_info
+
+    name = cfg.train.model
+    if name == "auto":
+        return
+    if presets.family(name) == "diffusers":
+        problem = presets.diffusers_problem()
+        _check(problem is None, "train.model", name, f"auto or a built-in preset ({', '.join(presets.BUILTIN)}) "
+               f"until diffusers is usable; {problem}")
+    multiple = presets.side_multiple(name)
+    if multiple == 1:  # the built-in UNet takes any side
+        return
+    _, h, w = (int(v) for v in data_info(cfg.data.dataset)["image_shape"])
+    _check(h % multiple == 0 and w % multiple == 0, "train.model", name,
+           f"a preset whose down-sampling takes {cfg.data.dataset}'s {h}x{w} images ({name} halves each side "
+           f"until it is {multiple} times smaller, so it needs multiples of {multiple}), e.g. diffusers-tiny or auto")
+
+
+def _check_data(d: DataConfig) -> None:
+    """Data users bring is read now (datasets/user_data.py: every check of its files runs, a DatasetError names
+    the file), and a recorded data.sha256 must still be its digest; a built-in dataset records none."""
+    if _user_data_kind(d.dataset) is None:
+        _check(d.sha256 == "", "data.sha256", d.sha256, "'' for the built-in datasets (their files are pinned by checksum)")
+        return
+    from dfbench.datasets import user_digest
+
+    digest = user_digest(d.dataset)
+    _check(d.sha256 in ("", digest), "data.sha256", d.sha256,
+           f"'' (filled in from the data) or {digest}, the digest of the data now at {d.dataset!r}: the data changed "
+           "since this config was written; restore it, or drop data.sha256 to start a new run on the data as it is")
 
 
 def _check_privacy(cfg: RunConfig) -> None:
@@ -568,6 +637,8 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
         else:
             valid = sorted(top_names) + [f"{s}.<field>" for s in _SECTIONS] + ["method.<hyperparameter>"]
             raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
+    if "dataset" in secs["data"] and "sha256" not in secs["data"]:
+        secs["data"]["sha256"] = ""  # another dataset: its digest is taken anew (user data), none recorded (built-in)
     new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
     return replace(cfg, **top, **new_secs, method_params=mparams)
 

@@ -66,8 +66,16 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in text)
 
 
+def dataset_folder(cfg: RunConfig) -> str:
+    """The run folder's first level: a built-in dataset's name; for data users bring (which records its content
+    digest, data.sha256) its kind and digest, e.g. folder-3fa9c2d1e0b4: what the data is, not where it is."""
+    if cfg.data.sha256:
+        return f"{slug(cfg.data.dataset.partition(':')[0].strip().lower())}-{cfg.data.sha256[:12]}"
+    return cfg.data.dataset
+
+
 def run_dir(out: str | os.PathLike, cfg: RunConfig) -> Path:
-    return Path(out) / cfg.data.dataset / slug(cfg.data.partition) / slug(cfg.method) / cfg.run_id()
+    return Path(out) / dataset_folder(cfg) / slug(cfg.data.partition) / slug(cfg.method) / cfg.run_id()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

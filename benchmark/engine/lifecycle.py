@@ -66,12 +66,13 @@ class Interrupted(SystemExit):
 
 def oom_message(cfg: RunConfig, err: BaseException) -> str:
     """What to lower after torch.cuda.OutOfMemoryError (one line: the grid's note shows it whole)."""
-    from dfbench.benchmark.engine.model import PRESETS, resolve_preset
+    from dfbench.benchmark.core.presets import ALL
+    from dfbench.benchmark.engine.model import resolve_preset
 
     t = cfg.train
     preset = resolve_preset(t.model, cfg.data.dataset)
     hint = (f"lower train.batch_size (now {t.batch_size}), choose a smaller train.model (now {t.model!r} = {preset}; "
-            f"presets from small to large: {', '.join(PRESETS)})")
+            f"presets: {', '.join(ALL)}, each family small to large)")
     if t.clients_mode == "batched":
         group = str(t.client_batch) if t.client_batch else "0 = all of a round's clients at once"
         hint += f", or lower train.client_batch, the clients trained together (now {group})"

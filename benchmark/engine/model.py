@@ -1,5 +1,8 @@
 """A small time-conditioned UNet (DDPM, Ho et al. 2020, scaled down) and the flat parameter layout.
 
+`build_model` builds any train.model preset: this UNet's (`PRESETS`), or diffusers' UNet2DModel
+(benchmark/engine/diffusers_models.py; the optional extra) behind the same call.
+
 The same network serves both objectives: it takes a continuous time in [0, 1]
 (DDPM step t_i / T, or the flow-matching time t) and predicts epsilon (DDPM) or
 the velocity eps - x0 (flow matching).
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+from dfbench.benchmark.core import presets
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,15 @@ AUTO_PRESET = {"fmnist": "small28", "svhn": "small32", "cifar10": "small32"}
 
 
 def resolve_preset(name: str, dataset: str) -> str:
-    return AUTO_PRESET[dataset] if name == "auto" else name
+    """train.model with "auto" resolved: the built-in dataset's preset; for data users bring (folder:PATH,
+    hf:PATH) the same rule by its images: grey -> small28 (as Fashion-MNIST), RGB -> small32 (as CIFAR-10)."""
+    if name != "auto":
+        return name
+    if dataset in AUTO_PRESET:
+        return AUTO_PRESET[dataset]
+    from dfbench.datasets import data_info
+
+    return "small28" if int(data_info(dataset)["channels"]) == 1 else "small32"
 
 
 def _groups(ch: int) -> int:
@@ -104,12 +117,18 @@ class Attention(nn.Module):
 
 @contextlib.contextmanager
 def product_attention_in(model: nn.Module) -> Iterator[None]:
-    """Every Attention of `model` computes `product_attention` inside (for vmapped clients)."""
+    """Every Attention of `model` computes `product_attention` inside (for vmapped clients); a
+    module of another family that offers `explicit_attention()` (a context manager: the diffusers
+    presets, benchmark/engine/diffusers_models.py) switches its own attention the same way."""
     blocks = [m for m in model.modules() if isinstance(m, Attention)]
+    others = [m for m in model.modules() if callable(getattr(m, "explicit_attention", None))]
     for m in blocks:
         m.explicit = True
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            for m in others:
+                stack.enter_context(m.explicit_attention())
+            yield
     finally:
         for m in blocks:
             m.explicit = False
@@ -175,10 +194,17 @@ class UNet(nn.Module):
         return self.out(h)
 
 
-def build_model(preset: str, in_ch: int) -> UNet:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(PRESETS)}")
-    return UNet(in_ch, PRESETS[preset])
+def build_model(preset: str, in_ch: int) -> nn.Module:
+    """The network of a resolved preset (not "auto"): the built-in UNet (`PRESETS`) or, for a
+    diffusers preset (benchmark/core/presets.py), diffusers' UNet2DModel behind the same call
+    (benchmark/engine/diffusers_models.py). Its initialization draws from torch's global generator."""
+    if preset in PRESETS:
+        return UNet(in_ch, PRESETS[preset])
+    if preset in presets.DIFFUSERS:
+        from dfbench.benchmark.engine.diffusers_models import build_diffusers
+
+        return build_diffusers(preset, in_ch)
+    raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(presets.ALL)}")
 
 
 # -- the flat parameter vector --------------------------------------------------------

@@ -47,7 +47,10 @@ STATES = (MISSING, UNFINISHED, runfolder.RUNNING, runfolder.FAILED, runfolder.DI
 # Rough cost of one sample-gradient evaluation (forward, backward, Adam share) in ms on 2 CPU
 # cores, per model preset; one sampler network evaluation costs about a third of it. Scaled
 # from the small28 figure in benchmark/engine/model.py by relative timings: a planning aid, +-2x.
-CPU_MS_PER_SAMPLE_GRAD = {"tiny": 1.0, "small28": 3.0, "small32": 11.0, "base28": 36.0, "base32": 67.0}
+# The diffusers presets' ratios to small28 were timed beside it (one thread, 2-core AMD EPYC Zen 4):
+# diffusers-tiny 0.88x, diffusers-ddpm-cifar10 98x (568 ms against 5.8 ms a sample-gradient there).
+CPU_MS_PER_SAMPLE_GRAD = {"tiny": 1.0, "small28": 3.0, "small32": 11.0, "base28": 36.0, "base32": 67.0,
+                          "diffusers-tiny": 2.6, "diffusers-ddpm-cifar10": 290.0}
 FORWARD_FRACTION = 1 / 3
 
 
@@ -167,7 +170,7 @@ def estimate_cost(cfg: RunConfig) -> CellCost:
     if cfg.eval.every > 0 and t.rounds > 0:  # quality-curve points: round 0, every `every` rounds, the last
         points = 1 + t.rounds // cfg.eval.every + (1 if t.rounds % cfg.eval.every else 0)
         forwards += points * cfg.eval.curve_samples * nfe
-    ms = CPU_MS_PER_SAMPLE_GRAD.get(resolve_preset(t.model, cfg.data.dataset), 67.0)
+    ms = CPU_MS_PER_SAMPLE_GRAD[resolve_preset(t.model, cfg.data.dataset)]  # every preset has a figure (tests)
     return CellCost(grads, forwards, (grads + FORWARD_FRACTION * forwards) * ms / 1000)
 
 

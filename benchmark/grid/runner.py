@@ -9,6 +9,8 @@ benchmark/grid/workers.py starts them (`--workers N`, `dfbench.run_grid(..., wor
 
 from __future__ import annotations
 
+import os
+
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,6 +83,15 @@ class GridSummary:
             hint = " (skipped; rerun with --retry-failed)" if o.after == runfolder.FAILED and not o.ran else ""
             lines.append(f"  {o.after}: {o.cell.label} [{o.cell.run_id}]{hint}: {o.note}")
         return "\n".join(lines)
+
+
+    def worker_text(self) -> str:
+        """An extra worker's one line: the cells it ran. It does not wait for the other workers, so the
+        cells they were running would read "running" here; the first process reports every cell's end."""
+        mine = [o for o in self.outcomes if o.ran]
+        failed = sum(o.after != runfolder.DONE for o in mine)
+        return (f"grid {self.grid.name} (extra worker, pid {os.getpid()}): {len(mine)} cell(s) run here"
+                f"{f', {failed} not done' if failed else ''}; the first process reports the grid")
 
 
 class _DataCache:

@@ -109,7 +109,7 @@ class Cell:
             self.label,
             f"{c.data.dataset}/{c.data.partition}/{c.method}/{c.seed}",
             self.run_id,
-            f"{c.data.dataset}/{runfolder.slug(c.data.partition)}/{runfolder.slug(c.method)}/{self.run_id}",
+            f"{runfolder.dataset_folder(c)}/{runfolder.slug(c.data.partition)}/{runfolder.slug(c.method)}/{self.run_id}",
         )
         return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 

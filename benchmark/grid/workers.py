@@ -89,6 +89,10 @@ def worker_command(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "dfbench", *argv]
 
 
+#: set in the extra workers' environment (`worker_env`); `dfbench grid` then prints `GridSummary.worker_text`
+WORKER_ENV = "DFBENCH_GRID_WORKER"
+
+
 def worker_env(workers: int) -> dict[str, str]:
     """The extra workers' environment: unless OMP_NUM_THREADS is set, cores/N threads each (and
     this process's torch threads set to the same); idle OpenMP threads sleep instead of spinning."""
@@ -99,6 +103,7 @@ def worker_env(workers: int) -> dict[str, str]:
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env[WORKER_ENV] = "1"  # an extra worker prints only what it ran: the first process reports the grid
     return env
 
 

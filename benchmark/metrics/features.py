@@ -16,6 +16,11 @@ Four extractors, each named in every metric row it produces:
 - ``clean``: clean-fid's TorchScript TF-Inception with clean-fid's own resize
   (PIL bicubic, ``clean`` mode) or its ``legacy_tensorflow`` mode (see
   ``benchmark/metrics/clean_fid.py``).
+- ``dinov2``: DINOv2 ViT-L/14 (1024-d CLS token after the final norm), the network of
+  FD_DINOv2 (Stein et al., NeurIPS 2023), written in plain torch in
+  ``benchmark/metrics/dinov2.py`` with dgm-eval's preprocessing; its weights file
+  ``dinov2_vitl14_pretrain.pth`` is supplied by the user (no published checksum: its keys and
+  shapes are checked, and its own sha256 is the extractor's identity).
 
 Nothing is downloaded here: a weights file is looked up locally (explicit path,
 env var, ``$DFBENCH_CACHE/weights`` where ``dfbench fetch inception`` /
@@ -83,9 +88,9 @@ __all__ = [
     "weights_dir",
 ]
 
-ExtractorName = Literal["fmnist", "fmnist_ae", "inception", "clean"]
+ExtractorName = Literal["fmnist", "fmnist_ae", "inception", "clean", "dinov2"]
 CleanMode = Literal["clean", "legacy_tensorflow"]
-EXTRACTOR_NAMES: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean")
+EXTRACTOR_NAMES: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean", "dinov2")
 CLEAN_MODES: tuple[str, ...] = ("clean", "legacy_tensorflow")
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -387,10 +392,13 @@ def get_extractor(
 
     name: "fmnist" (committed classifier), "fmnist_ae" (committed label-free
     autoencoder's encoder; for both `weights` may relocate the file, the hash stays
-    pinned), "inception" (pytorch-fid FID network) or "clean" (clean-fid,
-    `clean_mode` "clean" or "legacy_tensorflow"). Weights for the Inception
-    networks come from `weights`, else the env var, else torch hub's
-    checkpoints dir; `MissingWeightsError` / `WeightsHashError` otherwise.
+    pinned), "inception" (pytorch-fid FID network), "clean" (clean-fid,
+    `clean_mode` "clean" or "legacy_tensorflow") or "dinov2" (DINOv2 ViT-L/14,
+    benchmark/metrics/dinov2.py). Weights for the third-party networks come from
+    `weights`, else the env var, else dfbench's weights folder, else torch hub's
+    checkpoints dir; `MissingWeightsError` / `WeightsHashError` otherwise (for
+    dinov2, whose file has no pinned hash: `DinoV2WeightsError` when the file is
+    not the official architecture's state dict).
     """
     if name not in EXTRACTOR_NAMES:
         raise ValueError(f"unknown extractor {name!r}; choose one of {list(EXTRACTOR_NAMES)}")
@@ -430,6 +438,16 @@ def get_extractor(
 
     spec = _spec(name)
     path = find_weights(name, weights)  # type: ignore[arg-type]
+    if name == "dinov2":
+        from dfbench.benchmark.metrics import dinov2
+
+        network = dinov2.load_dinov2(path, dinov2.FD_SPEC)  # every key and shape checked: the file has no pinned hash
+        return Extractor(
+            name="dinov2", sha256=dinov2.weights_identity(path), backend="dfbench-dinov2",
+            resize=f"pil-bicubic-{dinov2.DINOV2_INPUT}", dims=network.spec.embed_dim, network=network.to(device),
+            prepare=dinov2.dinov2_prepare, device=device,
+        )
+    assert spec.sha256 is not None
     _verify(path, spec.sha256, spec.url)
     if name == "inception":
         inception = build_fid_inception_v3()

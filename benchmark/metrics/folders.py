@@ -89,7 +89,7 @@ def fid_between(
     a: str | Path,
     b: str | Path,
     *,
-    extractor: Literal["fmnist", "fmnist_ae", "inception", "clean"] = "inception",
+    extractor: Literal["fmnist", "fmnist_ae", "inception", "clean", "dinov2"] = "inception",
     weights: str | Path | None = None,
     device: str = "cpu",
     batch_size: int = 256,
@@ -98,7 +98,8 @@ def fid_between(
 
     A and B are folders of PNGs or .npz/.npy uint8 arrays (see
     `load_image_source`). The metric is named after the extractor (`table.frechet_metric`):
-    "fid" (inception), "fid_clean" (clean), "fd_fmnist" (fmnist) or "fd_fmnist_ae" (fmnist_ae).
+    "fid" (inception), "fid_clean" (clean), "fd_fmnist" (fmnist), "fd_fmnist_ae" (fmnist_ae) or
+    "fd_dinov2" (dinov2).
     """
     metric = table.frechet_metric(extractor)  # ValueError for an unknown extractor, before any file is read
     images_a, images_b = load_image_source(a), load_image_source(b)

@@ -8,7 +8,8 @@
 Metric names say which network produced them: ``fd_fmnist`` / ``kid_fmnist`` (the
 committed Fashion-MNIST classifier; never reported as FID), ``fd_fmnist_ae`` /
 ``kid_fmnist_ae`` (the committed label-free Fashion-MNIST autoencoder), ``fid`` / ``kid``
-(pytorch-fid's TF-Inception port), ``fid_clean`` (clean-fid). Every row
+(pytorch-fid's TF-Inception port), ``fid_clean`` (clean-fid), ``fd_dinov2`` (DINOv2 ViT-L/14, Stein
+et al. 2023; left out with a note when its user-supplied weights are absent). Every row
 records the extractor and its weights' sha256, the backend, the resize, the
 number of samples and the reference split; every Frechet row its interval
 (``ci_low``, ``ci_high``, ``ci_level``, ``ci_method``, ``ci_replicates``;
@@ -60,7 +61,7 @@ __all__ = [
     "reference_stats",
 ]
 
-MetricName = Literal["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid", "fid_clean"]
+MetricName = Literal["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid", "fid_clean", "fd_dinov2"]
 # The metrics eval.metrics may name; which extractor computes each: benchmark/metrics/table.py.
 METRICS: tuple[str, ...] = table.REQUESTABLE
 
@@ -97,9 +98,19 @@ def _load_dataset(dataset: str, split: str, root: str | Path | None) -> Any:
     return datasets.load(dataset, split, root=root)
 
 
+def _dataset_shape(dataset: str) -> tuple[int, int, int]:
+    """[C, H, W] of a dataset's images: DATASET_SHAPES, or read off data users bring (folder:PATH, hf:PATH)."""
+    if dataset in DATASET_SHAPES:
+        return DATASET_SHAPES[dataset]
+    from dfbench import datasets
+
+    if datasets.is_user_data(dataset):
+        return tuple(int(v) for v in datasets.data_info(dataset)["image_shape"])  # type: ignore[return-value]
+    raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(DATASET_SHAPES)}, or folder:PATH / hf:PATH")
+
+
 def _check_dataset(dataset: str) -> None:
-    if dataset not in DATASET_SHAPES:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(DATASET_SHAPES)}")
+    _dataset_shape(dataset)
 
 
 def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -119,7 +130,10 @@ def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def _reference_path(root: Path, dataset: str, split: str, dataset_sha: str, extractor: Extractor) -> Path:
     # the numerics (device type, GPU model) are in the key: a reference built on a GPU is never
     # mixed with samples scored on a CPU, nor one from another GPU model
-    name = (f"{dataset}-{split}-{dataset_sha[:16]}-{extractor.name}-{extractor.sha256[:16]}-{extractor.numerics}"
+    # data users bring is named by its kind ("folder", "hf"), not its path: its split's content digest keys it
+    from dfbench.datasets import short_name
+
+    name = (f"{short_name(dataset)}-{split}-{dataset_sha[:16]}-{extractor.name}-{extractor.sha256[:16]}-{extractor.numerics}"
             f"-v{_CACHE_VERSION}.npz")
     return root / "reference_stats" / name
 
@@ -240,7 +254,7 @@ def _check_images(images: torch.Tensor, dataset: str) -> None:
             "images must be a uint8 torch.Tensor [N, C, H, W] with values 0..255; convert samples in "
             "[-1, 1] with ((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)"
         )
-    expected = DATASET_SHAPES[dataset]
+    expected = _dataset_shape(dataset)
     if images.ndim != 4 or tuple(images.shape[1:]) != expected:
         raise ValueError(
             f"images for {dataset!r} must have shape [N, {', '.join(map(str, expected))}], got {tuple(images.shape)}"
@@ -259,6 +273,7 @@ class ScoreOptions:
     cache_dir: str | Path | None = None  # where reference statistics are cached (None: `cache_dir()`)
     inception_weights: str | Path | None = None  # pytorch-fid's TF-Inception weights (None: looked up)
     clean_weights: str | Path | None = None  # clean-fid's Inception weights (None: looked up)
+    dinov2_weights: str | Path | None = None  # DINOv2 ViT-L/14 weights (None: looked up; absent: fd_dinov2 left out)
     device: str = "cpu"
     batch_size: int = 256  # images per feature batch
     kid_subsets: int = 100
@@ -317,7 +332,8 @@ def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str
     for fmnist (its two committed networks), plus ["fid", "kid"] when the
     Inception weights are found; ["fid", "kid"] for svhn / cifar10 (raises
     `MissingWeightsError` without the weights). Explicit metrics whose weights
-    are missing raise before any feature is computed. Returns one dict per
+    are missing raise before any feature is computed, except fd_dinov2 (a file
+    only the user supplies), which is left out (`evaluate_samples` says why). Returns one dict per
     metric, in the order requested, each with its interval (ci_low, ci_high,
     ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
     over the samples with `options.bootstrap` replicates, seeded by `options.seed`.
@@ -326,6 +342,32 @@ def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str
     options, _ = _options(options, None, knobs)
     rows, _ = evaluate_samples(images, dataset, metrics=metrics, options=options, quality=False)
     return rows
+
+
+def _drop_optional(chosen: list[str], given: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(`chosen` without the metrics of an optional extractor whose weights are not found, a note for each
+    extractor left out). The user's own file (`table.OPTIONAL_EXTRACTORS`): a run without it is scored on
+    everything else, and `dfbench eval` adds the missing metric once the file is in place. A path given
+    explicitly that does not exist is an error, as for the Inception weights."""
+    notes: list[str] = []
+    kept = list(chosen)
+    for name in table.OPTIONAL_EXTRACTORS:
+        wanted = [m for m in kept if table.extractor_of(m) == name]
+        if not wanted:
+            continue
+        try:
+            find_weights(name, given.get(name))  # type: ignore[arg-type]
+        except MissingWeightsError as err:
+            if given.get(name) is not None:
+                raise
+            spec = err.spec
+            looked = ", ".join(str(path) for path, _ in err.searched)
+            notes.append(f"{', '.join(wanted)} not computed: {spec.description} ({spec.file_name}) not found "
+                         f"(looked in {looked}); nothing was downloaded. Get it from {spec.url}, put it in one "
+                         f"of those places or set {spec.env_var}, then `dfbench eval RUN_DIR` adds "
+                         f"{', '.join(wanted)}.")
+            kept = [m for m in kept if m not in wanted]
+    return kept, notes
 
 
 @exact_float32()  # TF32 off for the features and every matrix product of the scores (GPU)
@@ -359,8 +401,9 @@ def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[st
     chosen = _resolve_metrics(metrics, dataset, opts.inception_weights)
 
     # Fail on missing weights before any (slow) feature work.
+    given = {"inception": opts.inception_weights, "clean": opts.clean_weights, "dinov2": opts.dinov2_weights}
+    chosen, notes = _drop_optional(chosen, given)
     needed = list(dict.fromkeys(str(table.extractor_of(m)) for m in chosen))
-    given = {"inception": opts.inception_weights, "clean": opts.clean_weights}
     # third-party weights are looked up; the committed Fashion-MNIST networks are checked by get_extractor
     paths = {name: find_weights(name, given[name]) for name in needed if name in given}  # type: ignore[arg-type]
     extractors = {name: get_extractor(name, weights=paths.get(name), device=device) for name in needed}  # type: ignore[arg-type]
@@ -369,7 +412,6 @@ def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[st
     count = int(images.shape[0])
     rows: dict[str, dict[str, Any]] = {}
     extra: list[dict[str, Any]] = []
-    notes: list[str] = []
     label_counts = None
     for name, extractor in extractors.items():
         feats = extractor.features(images, batch_size=batch_size, device=device, progress=progress)

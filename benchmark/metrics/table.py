@@ -8,6 +8,7 @@
     fid                       inception   lower   frechet   eval.*           yes          0  (ranks first)
     kid                       inception   lower   kid       eval.*           yes
     fid_clean                 clean       lower   frechet   eval.*           yes
+    fd_dinov2                 dinov2      lower   frechet   eval.*           yes             (optional: skipped without its weights)
     precision_<ex>, recall_<ex>,
     density_<ex>, coverage_<ex>   <ex>    higher  prdc      eval.*
     client_<fd>_mean / _worst,
@@ -15,8 +16,10 @@
     class_tv, low_classes      (labels)   lower   coverage  eval.*
     denoise_loss               (model)    lower   model     the test split (engine/heldout.py)
 
-``<ex>`` is each extractor (fmnist, fmnist_ae, inception, clean), ``<fd>`` its Frechet metric; "eval.*" is
-the run's ``eval.reference_split``. ``expert_<fd>_worst`` is the worst group of clients (an
+``<ex>`` is each extractor (fmnist, fmnist_ae, inception, clean, dinov2), ``<fd>`` its Frechet metric; "eval.*" is
+the run's ``eval.reference_split``. fd_dinov2 is the Frechet distance in DINOv2 ViT-L/14 space (Stein et al.,
+NeurIPS 2023); its weights are a file the user supplies, so a run without them scores everything else
+and says in its notes why fd_dinov2 is missing (`OPTIONAL_EXTRACTORS`); `dfbench eval` adds it later. ``expert_<fd>_worst`` is the worst group of clients (an
 expert mixture's clients grouped by expert); its name is the metrics.json key and stays.
 
 Who reads it: `scoring` (which metrics exist, "auto", which extractor computes each, the row
@@ -37,7 +40,8 @@ from typing import Literal
 from dfbench.benchmark.metrics.prdc import PRDC_METRICS
 
 __all__ = [
-    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "METRICS", "Metric", "PRIMARY", "REQUESTABLE", "auto_metrics",
+    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "METRICS", "Metric", "OPTIONAL_EXTRACTORS", "PRIMARY", "REQUESTABLE",
+    "auto_metrics",
     "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
     "prdc_metric", "reference_split_of", "scale",
 ]
@@ -50,10 +54,15 @@ ReferenceRule = Literal["eval", "train", "own"]
 
 # Feature extractors (benchmark.metrics.features.get_extractor names, which are also the names the
 # metric rows record under "extractor"), in the order their metrics are listed.
-EXTRACTORS: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean")
+EXTRACTORS: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean", "dinov2")
 EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier",
                                     "fmnist_ae": "the label-free Fashion-MNIST autoencoder",
-                                    "inception": "pytorch-fid's Inception", "clean": "clean-fid's Inception"}
+                                    "inception": "pytorch-fid's Inception", "clean": "clean-fid's Inception",
+                                    "dinov2": "DINOv2 ViT-L/14"}
+# Extractors whose weights file only the user supplies (no pinned checksum, nothing to fetch): when it is
+# not found, scoring leaves their metrics out with a note saying why and scores the rest, instead of
+# leaving the whole evaluation pending (as a missing Inception file does).
+OPTIONAL_EXTRACTORS: tuple[str, ...] = ("dinov2",)
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ def _entries() -> list[Metric]:
         Metric("fid", "inception", "lower", "frechet", requestable=True, rank=0),
         Metric("kid", "inception", "lower", "kid", requestable=True),
         Metric("fid_clean", "clean", "lower", "frechet", requestable=True),
+        # FD_DINOv2 (Stein et al., NeurIPS 2023): beside FID, never ranked (benchmark/metrics/dinov2.py)
+        Metric("fd_dinov2", "dinov2", "lower", "frechet", requestable=True),
     ]
     out = list(frechet)
     for ex in EXTRACTORS:

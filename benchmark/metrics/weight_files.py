@@ -1,11 +1,12 @@
 """Third-party weights files: what they are (pinned size and sha256), where dfbench looks for them,
 and the messages when they are missing or wrong.
 
-Looked for, in order: an explicit path (``--inception-weights`` / ``weights=``; then nothing else),
-the file's environment variable, ``$DFBENCH_CACHE/weights`` (where ``dfbench fetch inception`` /
-``dfbench fetch clean-inception`` put them), torch hub's checkpoints folder (where pytorch-fid's own
-download lands), and for clean-fid also /tmp (clean-fid's own download folder). Nothing here
-downloads: :mod:`dfbench.benchmark.grid.fetch` does, on request.
+Looked for, in order: an explicit path (``--inception-weights`` / ``--dinov2-weights`` / ``weights=``;
+then nothing else), the file's environment variable, ``$DFBENCH_CACHE/weights`` (where ``dfbench fetch
+inception`` / ``dfbench fetch clean-inception`` put them), torch hub's checkpoints folder (where
+pytorch-fid's and DINOv2's own downloads land), and for clean-fid also /tmp (clean-fid's own download
+folder). Nothing here downloads: :mod:`dfbench.benchmark.grid.fetch` does, on request, for the files it
+can verify; the DINOv2 file (no published checksum) is only ever supplied by the user.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pytorch_fid.inception import FID_WEIGHTS_URL
 
 __all__ = [
     "CLEAN_INCEPTION_WEIGHTS",
+    "DINOV2_WEIGHTS",
     "INCEPTION_WEIGHTS",
     "MissingWeightsError",
     "WeightsHashError",
@@ -38,13 +40,14 @@ class WeightsSpec:
 
     description: str
     file_name: str
-    size: int
-    sha256: str
+    size: int | None  # None: not pinned (`expected` says what the file is instead)
+    sha256: str | None  # None: not pinned; the sha256 of the file found is recorded as its identity
     url: str
     env_var: str
-    fetch_name: str  # the `dfbench fetch NAME` that downloads it
+    fetch_name: str | None  # the `dfbench fetch NAME` that downloads it; None: only the user supplies it
     cli_flag: str | None = None
     extra_dirs: tuple[Path, ...] = ()
+    expected: str = ""  # what the file must be, in words (for a file without a pinned hash)
 
 
 # sha256 and size as published by users of pytorch-fid's release asset (the
@@ -76,11 +79,33 @@ CLEAN_INCEPTION_WEIGHTS = WeightsSpec(
     extra_dirs=(Path("/tmp"),),
 )
 
+# The official DINOv2 ViT-L/14 backbone (Oquab et al. 2023), the network of FD_DINOv2 (Stein et al.,
+# NeurIPS 2023). Meta publishes no checksum for it and dfbench has not pinned one, so `dfbench fetch`
+# does not download it (it downloads only what it can verify): the user supplies the file, and the
+# loader checks what it can check instead -- every key and shape of the state dict
+# (benchmark/metrics/dinov2.py) -- and records the file's own sha256 in every metric row and in the
+# reference statistics' cache key. 304,368,640 float32 parameters: about 1.22 GB.
+DINOV2_WEIGHTS = WeightsSpec(
+    description="DINOv2 ViT-L/14 weights (FD_DINOv2)",
+    file_name="dinov2_vitl14_pretrain.pth",
+    size=None,
+    sha256=None,
+    url="https://dl.fbaipublicfiles.com/dinov2/dinov2_vitl14/dinov2_vitl14_pretrain.pth",
+    env_var="DFBENCH_DINOV2_WEIGHTS",
+    fetch_name=None,
+    cli_flag="--dinov2-weights",
+    expected=("the official DINOv2 ViT-L/14 pretrained backbone (facebookresearch/dinov2, "
+              "`dinov2_vitl14_pretrain.pth`): a torch state dict of 24 blocks, width 1024, "
+              "304,368,640 float32 parameters, about 1.22 GB; no checksum is published, so every "
+              "key and shape is checked instead and the file's sha256 is recorded with each score"),
+)
+
 # Looked up by key at call time, so tests can substitute a spec for a seeded
 # random network of the real architecture (monkeypatch.setitem).
 _KNOWN_WEIGHTS: dict[str, WeightsSpec] = {
     "inception": INCEPTION_WEIGHTS,
     "clean": CLEAN_INCEPTION_WEIGHTS,
+    "dinov2": DINOV2_WEIGHTS,
 }
 
 
@@ -92,9 +117,13 @@ class MissingWeightsError(RuntimeError):
         self.searched = searched
         hub_target = Path(torch.hub.get_dir()) / "checkpoints" / spec.file_name
         looked = "\n".join(f"  - {path} ({why})" for path, why in searched) or "  (nowhere)"
-        ways = [f"run `dfbench fetch {spec.fetch_name}` on a machine with internet (it downloads to "
-                f"{weights_dir() / spec.file_name} and checks the sha256; behind a proxy set "
-                f"DFBENCH_MIRROR=BASE_URL to fetch BASE_URL/{spec.file_name})"]
+        if spec.fetch_name is not None:
+            ways = [f"run `dfbench fetch {spec.fetch_name}` on a machine with internet (it downloads to "
+                    f"{weights_dir() / spec.file_name} and checks the sha256; behind a proxy set "
+                    f"DFBENCH_MIRROR=BASE_URL to fetch BASE_URL/{spec.file_name})"]
+        else:  # a file dfbench cannot verify by hash: the user downloads it and puts it in place
+            ways = [f"download {spec.url} yourself (e.g. `curl -L -o {weights_dir() / spec.file_name} {spec.url}`; "
+                    f"dfbench does not fetch this file) and leave it at {weights_dir() / spec.file_name}"]
         if spec.cli_flag:
             ways.append(f"pass {spec.cli_flag} /path/to/{spec.file_name} (Python: weights=...)")
         else:
@@ -102,16 +131,23 @@ class MissingWeightsError(RuntimeError):
         ways.append(f"export {spec.env_var}=/path/to/{spec.file_name}")
         ways.append(f"copy it to {hub_target}")
         steps = "\n".join(f"  {i}. {way}" for i, way in enumerate(ways, start=1))
+        size = f"{spec.size:,} bytes" if spec.size is not None else "not pinned"
+        sha = spec.sha256 or "not pinned (the sha256 of the file found is recorded with every score)"
+        what = f"  what:   {spec.expected}\n" if spec.expected else ""
+        last = ("dfbench downloads only when asked (`dfbench fetch`, `--download`); the sha256 is checked before loading."
+                if spec.sha256 else
+                "Nothing was downloaded: dfbench never downloads this file; its keys and shapes are checked before use.")
         super().__init__(
             f"{spec.description} not found.\n"
             f"  file:   {spec.file_name}\n"
-            f"  size:   {spec.size:,} bytes\n"
-            f"  sha256: {spec.sha256}\n"
+            f"{what}"
+            f"  size:   {size}\n"
+            f"  sha256: {sha}\n"
             f"  source: {spec.url}\n"
             f"Looked in:\n{looked}\n"
             f"Get it in one of these ways (without internet, download it elsewhere first):\n"
             f"{steps}\n"
-            f"dfbench downloads only when asked (`dfbench fetch`, `--download`); the sha256 is checked before loading."
+            f"{last}"
         )
 
 
@@ -159,13 +195,14 @@ def _candidates(spec: WeightsSpec, weights: str | Path | None) -> list[tuple[Pat
     env_value = os.environ.get(spec.env_var)
     if env_value:
         found.append((Path(env_value).expanduser(), f"${spec.env_var}"))
-    found.append((weights_dir() / spec.file_name, f"dfbench fetch {spec.fetch_name}"))
+    found.append((weights_dir() / spec.file_name,
+                  f"dfbench fetch {spec.fetch_name}" if spec.fetch_name else "dfbench's weights folder"))
     found.append((Path(torch.hub.get_dir()) / "checkpoints" / spec.file_name, "torch hub checkpoints"))
     found.extend((folder / spec.file_name, "clean-fid download folder") for folder in spec.extra_dirs)
     return found
 
 
-def find_weights(key: Literal["inception", "clean"], weights: str | Path | None = None) -> Path:
+def find_weights(key: Literal["inception", "clean", "dinov2"], weights: str | Path | None = None) -> Path:
     """Locate a third-party weights file (explicit path, env var, fetch dir, torch hub dir).
 
     Raises `MissingWeightsError` with the placement message if none exists.
@@ -187,5 +224,5 @@ def _spec(key: str) -> WeightsSpec:
 
 
 def known_weights(key: str) -> WeightsSpec:
-    """The spec registered under ``key`` ("inception" or "clean"), read at call time."""
+    """The spec registered under ``key`` ("inception", "clean" or "dinov2"), read at call time."""
     return _spec(key)
