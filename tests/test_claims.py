@@ -163,3 +163,18 @@ def test_report_refuses_a_bad_claims_file_or_margin_before_writing_anything(tmp_
     assert "expect = 'beats'" in capsys.readouterr().err and not out.exists()
     assert main(["report", "--runs", str(runs), "--out", str(out), "--margin", "1.5"]) == 2
     assert "margin" in capsys.readouterr().err and not out.exists()
+
+
+def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tmp_path):
+    # `python -m dfbench.benchmark.studies.claims STUDY` reads the claims file back as an absolute path; the
+    # claims.md it writes must still name it as the make targets do (a committed file holds no machine's path)
+    from dfbench.benchmark.report import claims as C
+
+    root = Path(C.__file__).resolve().parents[2]
+    inside = root / "benchmark" / "grid" / "builtin" / "paper-fmnist.claims.toml"
+    assert C._shown_path(inside) == "benchmark/grid/builtin/paper-fmnist.claims.toml"
+    assert C._shown_path("benchmark/grid/builtin/paper-fmnist.claims.toml") == "benchmark/grid/builtin/paper-fmnist.claims.toml"
+    assert C._shown_path(tmp_path / "x.claims.toml") == (tmp_path / "x.claims.toml").as_posix()  # outside: as given
+    runs = study_claims.read_runs(root / "results" / "paper-fmnist")
+    C.write_claims(runs, inside, tmp_path, study_claims._primary(runs))
+    assert "From `benchmark/grid/builtin/paper-fmnist.claims.toml`." in (tmp_path / "claims.md").read_text()

@@ -324,6 +324,19 @@ def quoted(readme: str | Path) -> str | None:
     return text.partition(BEGIN)[2].partition(END)[0].lstrip("\n")
 
 
+def _shown_path(path: str | Path) -> str:
+    """A claims file as claims.md names it: relative to the repository root when inside it (as the make targets pass
+    it), so a committed claims.md never holds one machine's absolute path; else as given."""
+    path = Path(path)
+    if path.is_absolute():
+        root = Path(__file__).resolve().parents[2]
+        try:
+            return path.resolve().relative_to(root).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
+
+
 def write_claims(runs: pd.DataFrame, claims_file: str | Path, out: str | Path, default_metric: str | None,
                  readme: str | Path | None = None) -> dict[str, Path]:
     """claims.csv and claims.md in `out` from the per-run table, and the README's block (`readme`,
@@ -333,7 +346,7 @@ def write_claims(runs: pd.DataFrame, claims_file: str | Path, out: str | Path, d
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(table)
-    (out / "claims.md").write_text(f"# Claims\n\nFrom `{Path(claims_file).as_posix()}`.\n\n{md}", encoding="utf-8")
+    (out / "claims.md").write_text(f"# Claims\n\nFrom `{_shown_path(claims_file)}`.\n\n{md}", encoding="utf-8")
     table.to_csv(out / "claims.csv", index=False)
     written = {"claims_md": out / "claims.md", "claims_csv": out / "claims.csv"}
     target = Path(readme) if readme is not None else out / "README.md"
