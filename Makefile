@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-metric-calibration bench-comm bench-experts perf gpu-check clean-demo
+.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -123,6 +123,25 @@ bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 
 bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at the same compute
 	$(BIN)/dfbench grid experts --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
+
+# The seed paper's study on one GPU. The plan (benchmark/studies/gpu_plan.py) checks first what the
+# machine has (CIFAR-10 and its checksums, the Inception weights, KID, CUDA, diffusers, the model;
+# DINOv2's file is optional), all at once with what to fetch from where, and plans the GPU-hours from
+# the throughput it measures on the GPU (elsewhere: a stated H200 estimate, said so); a required item
+# missing stops the target before its first cell. `make -n bench-cifar10-gpu` (--dry-run) runs the plan
+# in its dry-run mode (the `+` line) and only prints the rest. The -plan target installs only into a
+# fresh clone (no .venv/.installed yet), never again: it is what one runs on a machine to ask what it lacks.
+GPU_DEVICE ?= cuda
+CIFAR10_GPU_DRY = $(findstring n,$(firstword -$(MAKEFLAGS)))
+bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR-10 for one GPU: DDPM's UNet, FedAvg vs random / top-k at keep 0.75/0.5/0.25, FID + KID on 10k samples, 3-10 seeds (60 cells, ~27 GPU-hours on an H200, estimated), results in results/cifar10-gpu/
+	+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan cifar10-gpu --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
+	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
+	$(BIN)/dfbench grid cifar10-gpu --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cifar10-gpu/runs --out results/cifar10-gpu --claims benchmark/grid/builtin/cifar10-gpu.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/cifar10-gpu/runs --out results/cifar10-gpu && exit $$status
+
+bench-cifar10-gpu-plan: $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed) ## bench-cifar10-gpu's preflight and plan only (exit 0): what this machine lacks and where to get it, the cells, the GPU-hours (measured on a GPU, else estimated), the seeds each claim needs
+	$(BIN)/python -m dfbench.benchmark.studies.gpu_plan cifar10-gpu --device $(GPU_DEVICE) --dry-run
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
