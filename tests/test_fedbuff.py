@@ -103,3 +103,26 @@ def test_what_fedbuff_cannot_run_is_refused_before_any_data_is_loaded(method, ov
 def test_fedbuff_under_several_ranks_is_refused():
     with pytest.raises(ConfigError, match="one process"):
         check_world(tiny_config(over=FEDBUFF), 2)
+
+
+def test_a_steps_wall_time_counts_every_client_it_trains(tmp_path, tiny_data, monkeypatch):
+    # a run's summed wall_seconds must hold the time of every local training it started (the refill after a
+    # step's aggregation had been timed outside the step: with K=1 and C=2, 2 of the 5 jobs were counted)
+    import time as _time
+
+    from dfbench.benchmark.engine import asynchronous
+
+    spent: list[float] = []
+    real = asynchronous.local_train
+
+    def timed_train(*args, **kwargs):
+        t0 = _time.perf_counter()
+        _time.sleep(0.02)
+        out = real(*args, **kwargs)
+        spent.append(_time.perf_counter() - t0)
+        return out
+
+    monkeypatch.setattr(asynchronous, "local_train", timed_train)
+    d = run(tiny_config(over={**STALE, "system.speed": "1.0:1.0"}), tmp_path / "w", data=tiny_data, progress=False)
+    wall = sum(r["wall_seconds"] for r in _rows(d))
+    assert len(spent) >= 5 and wall >= sum(spent) - 1e-3 * len(_rows(d)), (len(spent), wall, sum(spent))

@@ -170,8 +170,9 @@ class FedBuff:
             if len(self.buffer) < self.buffer_size:
                 self._fill(state)
         state, row = self._apply(state, r)
-        row["wall_seconds"] = round(time.perf_counter() - t0, 4)
         self._fill(state)  # the replacements download the new version
+        # after the refill: the clients it starts train now (a step's wall time had left out all but the first C jobs)
+        row["wall_seconds"] = round(time.perf_counter() - t0, 4)
         return state, row
 
     def _apply(self, state: methods.ServerState, r: int) -> tuple[methods.ServerState, dict[str, Any]]:
