@@ -76,11 +76,11 @@ bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose pap
 bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at keep 0.5 scored by fd_fmnist and by training loss, on paper-fmnist's runs (~12 min; run bench-paper-fmnist first), results in results/paper-fmnist/rule_losses/
 	OMP_NUM_THREADS=2 $(BIN)/python scripts/rule_losses.py --runs results/paper-fmnist/runs --out results/paper-fmnist/rule_losses --keep 0.5
 
-bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~55 min on 2 cores), results in results/cpu-aggregation/
+bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~45 min on 2 cores), results in results/cpu-aggregation/
 	@# one torch thread per worker, as for the committed numbers; the server learning rates in the
 	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation && \
+	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation --claims benchmark/grid/builtin/cpu-aggregation.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
 
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
