@@ -86,3 +86,18 @@ def test_no_reference_block_is_skipped_and_names_are_the_pages():
     assert names["fedavg"] == "fedavg"
     assert names["topk_update [error_feedback=True, fraction=0.09, scope=layer]"] == "topk_update (error_feedback=True, fraction=0.09)"
     assert names["topk_update [error_feedback=False, fraction=0.022, scope=layer]"] == "topk_update (error_feedback=False, fraction=0.022)"
+
+
+def test_the_untrained_floor_is_averaged_as_the_settings_are():
+    # a distance: the geometric mean of the seeds (as `mean` and the leaderboard's untrained figure), not the arithmetic
+    import math
+
+    import pandas as pd
+
+    from dfbench.benchmark.studies.frontier import untrained_floors
+
+    runs = pd.DataFrame({"dataset": ["fmnist"] * 4, "partition": ["iid"] * 4, "baseline": [True, True, True, False],
+                         "fd_fmnist": [800.0, 900.0, 1000.0, 300.0]})
+    floor = untrained_floors(runs, "fd_fmnist")[("fmnist", "iid")]
+    assert floor == pytest.approx(math.exp((math.log(800) + math.log(900) + math.log(1000)) / 3))
+    assert floor != pytest.approx(900.0, abs=1.0)

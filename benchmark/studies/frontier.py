@@ -179,7 +179,8 @@ def plot(table: pd.DataFrame, metric: str, reference: str, floors: dict[tuple[st
         ax.set_xscale("log")
         ax.set_xlabel("uplink per run (MB, log)")
         ax.set_ylabel(f"{metric} ({'higher' if higher_better else 'lower'} is better)")
-        ax.set_title(f"{dataset} / {partition}: mean over seeds, 95 % t-interval; circled: Pareto-optimal", fontsize=9)
+        mean = "geometric mean" if metric_table.scale(metric) == "log" else "mean"
+        ax.set_title(f"{dataset} / {partition}: {mean} over seeds, 95 % t-interval; circled: Pareto-optimal", fontsize=9)
         handles = [plt.Line2D([], [], marker="o", ls="", color=colors[m], label=m) for m in methods]
         handles.append(plt.Line2D([], [], marker="o", ls="", color="#444", mfc="white", label="no error feedback"))
         ax.legend(handles=handles, fontsize=7, loc="best")
@@ -190,13 +191,20 @@ def plot(table: pd.DataFrame, metric: str, reference: str, floors: dict[tuple[st
     return path
 
 
+def untrained_floors(runs: pd.DataFrame, metric: str) -> dict[tuple[str, str], float]:
+    """Per (dataset, partition) the untrained baseline's score over seeds, averaged as every setting's `mean` is
+    (the geometric mean for a distance: the leaderboard's untrained figure)."""
+    base = runs[runs["baseline"].astype(bool)].dropna(subset=[metric])
+    log = metric_table.scale(metric) == "log"
+    return {k: float(seed_interval(g[metric].to_list(), log)[0]) for k, g in base.groupby(["dataset", "partition"])}
+
+
 def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
     study = load_study(runs_dir, metric, reference=reference)
     metric, higher, runs = study.metric, study.higher, study.data.runs
     table = frontier_table(runs, metric, reference, higher)
     claims = claim_table(table, reference)
-    base = runs[runs["baseline"].astype(bool)].dropna(subset=[metric])
-    floors = {k: float(g[metric].mean()) for k, g in base.groupby(["dataset", "partition"])}
+    floors = untrained_floors(runs, metric)
     return write_study(out, "frontier", to_markdown(table, claims, metric, reference, floors, higher), table,
                        lambda png: plot(table, metric, reference, floors, higher, png))
 
