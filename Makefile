@@ -109,7 +109,7 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
-	@# held-out seed 7 (results/cpu-privacy/clip.toml)
+	@# held-out seed 7 (the comments of benchmark/grid/builtin/cpu-privacy.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims benchmark/grid/builtin/cpu-privacy.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
