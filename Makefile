@@ -87,10 +87,12 @@ bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/tune-runs --out results/cpu-aggregation/tune && exit $$status
 
-bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under candidate recipes (seeds 7/8, ~35 min on 2 cores), results in results/cpu-recipe/
+bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under candidate recipes (seeds 7-10, ~45 min on 2 cores), results in results/cpu-recipe/
+	@# speed keeps the committed speed.json (--again measures this machine), so grid writes the committed rounds
 	$(BIN)/python scripts/cpu_recipe.py speed
 	$(BIN)/python scripts/cpu_recipe.py grid
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-recipe/cpu-recipe.toml --download --workers $(CPU_WORKERS) --out results/cpu-recipe/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-recipe/runs --out results/cpu-recipe --claims results/cpu-recipe/cpu-recipe.claims.toml && \
 	$(BIN)/python scripts/cpu_recipe.py table && exit $$status
 
 bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simulated clock: sync/deadline/pruning/HeteroFL/FedBuff, 3 seeds (~45 min on 2 cores), results in results/cpu-stragglers/
