@@ -105,6 +105,7 @@ STUDIES = [
     ("cpu-stragglers", "results/cpu-stragglers/leaderboard.csv"),
     ("cpu-compression", "results/cpu-compression/leaderboard.csv"),
     ("cpu-privacy", "results/cpu-privacy/leaderboard.csv"),
+    ("cpu-experts", "results/cpu-experts/leaderboard.csv"),
     ("results/cpu-recipe/demo-tune.toml", "results/cpu-recipe/demo-tune/leaderboard.csv"),
     # seeds 7/8 were pinned in tests/data/run_ids.json until the study committed its leaderboard (issue 43 added 9/10)
     ("results/cpu-recipe/cpu-recipe.toml", "results/cpu-recipe/leaderboard.csv"),
