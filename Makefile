@@ -111,7 +111,7 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 
 bench-cpu-experts: $(VENV)/.installed ## DDM's routing claim: top-1 vs the full mixture of the same K = 2 experts on paper-fmnist's CPU recipe, 6 seeds (~25 min on 2 cores), results in results/cpu-experts/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-experts --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --claims benchmark/grid/builtin/cpu-experts.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims benchmark/grid/builtin/cpu-experts.claims.toml && exit $$status
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the

@@ -408,8 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "metric vs alpha, metric vs uplink) from its leaderboard.csv and report.json; mosaics and "
                           "other plots are kept as they are")
     rep.add_argument("--reference", default="fedavg",
-                     help="the setting every other one is compared with, seed-paired, in each block (a setting label or a "
-                          "method without hyperparameters; default fedavg)")
+                     help="the setting every other one is compared with, seed-paired, in each block: a method without "
+                          "hyperparameters (default fedavg), a claims-file spec ('experts?mixing=full'), or a setting's "
+                          "label or page name. Where it runs at several budgets, a setting meets the one of its own "
+                          "budget, else the one named just so; the others meet that one")
     rep.add_argument("--margin", type=float, default=None,
                      help="equivalence margin as a fraction of the reference's score (default 0.1: within ±10%% is "
                           "'equivalent' when two one-sided tests say so)")

@@ -196,3 +196,52 @@ def test_a_higher_is_better_difference_metric_flips_the_verdict_and_has_no_ratio
 ])
 def test_the_verdict_rule_by_hand(p, q, mean, lower, want):
     assert V.verdict(p, q, mean, lower_better=lower) == want
+
+
+def _at(key, values, budget, *, ref=False, primary=False):
+    return V.Setting(key=key, values=values, budget=budget, is_reference=ref, primary=primary,
+                     fingerprints={s: {"init_sha256": "i", "partition_sha256": f"p{s}"} for s in values})
+
+
+def test_each_setting_meets_the_reference_of_its_budget_else_the_primary_one():
+    seeds = {0: 100.0, 1: 110.0, 2: 120.0}
+    plain = _at("fedavg", seeds, "b14", ref=True, primary=True)
+    longer = _at("fedavg@28", seeds, "b28", ref=True)  # the reference method at another budget, with a contender there
+    clocked = _at("fedavg@deadline", seeds, "bdl", ref=True)  # ... and at a budget nobody else runs
+    pruned14 = _at("random@14", seeds, "b14")
+    pruned28 = _at("random@28", seeds, "b28")
+    capped = _at("topk@capacity", seeds, "bcap")  # no reference at its budget: the primary one
+    got = {k: r.key for k, r in V.references([plain, longer, clocked, pruned14, pruned28, capped]).items()}
+    assert got == {"fedavg": "fedavg", "fedavg@28": "fedavg@28", "fedavg@deadline": "fedavg",
+                   "random@14": "fedavg", "random@28": "fedavg@28", "topk@capacity": "fedavg"}
+    # several references, none flagged: a setting at another budget has none (and says so)
+    unflagged = [_at("a", seeds, "b1", ref=True), _at("b", seeds, "b2", ref=True), _at("c", seeds, "b3")]
+    assert {k: r.key for k, r in V.references(unflagged).items()} == {"a": "a", "b": "b"}
+    out = V.block_verdicts(unflagged, scale="log", lower_better=True)
+    assert out["c"]["verdict"] is None and out["c"]["verdict_note"] == "no reference at this budget"
+    assert out["a"]["verdict"] == out["b"]["verdict"] == "reference"
+
+
+def test_an_unused_reference_setting_gets_a_verdict_against_the_primary_one():
+    plain = _at("fedavg", {0: 100.0, 1: 110.0, 2: 120.0, 3: 105.0}, "b", ref=True, primary=True)
+    worse = _at("fedavg@dp", {0: 200.0, 1: 230.0, 2: 235.0, 3: 215.0}, "b-dp", ref=True)
+    out = V.block_verdicts([plain, worse], scale="log", lower_better=True)
+    assert out["fedavg"]["verdict"] == "reference"
+    assert out["fedavg@dp"]["reference"] == "fedavg" and out["fedavg@dp"]["verdict"] == "worse"
+    ratio = float(np.exp(np.mean(np.log([200 / 100, 230 / 110, 235 / 120, 215 / 105]))))
+    assert out["fedavg@dp"]["estimate"] == pytest.approx(ratio)
+
+
+def test_the_reference_is_named_by_method_spec_or_page_name_and_never_the_untrained_model():
+    from dfbench.benchmark.report.frames import is_reference
+
+    full = {"method": "experts", "params": "mixing=full, num_experts=0", "setting": "experts [mixing=full, num_experts=0]",
+            "param.mixing": "full", "param.num_experts": 0, "cfg.lr": 0.001, "baseline": False}
+    top1 = dict(full, **{"param.mixing": "top1", "params": "mixing=top1, num_experts=0"})
+    plain = {"method": "fedavg", "params": "", "setting": "fedavg", "cfg.lr": 0.001, "baseline": False}
+    assert is_reference(plain, "fedavg") and not is_reference(full, "fedavg")
+    assert is_reference(full, "experts?mixing=full") and not is_reference(top1, "experts?mixing=full")
+    assert is_reference(full, "experts?mixing=full&train.lr=0.001") and not is_reference(full, "experts?mixing=full&train.lr=0.002")
+    assert not is_reference(full, "experts?router_lr=0.002")  # a key the row does not record matches nothing
+    assert is_reference(top1, "experts (mixing=top1)", name="experts (mixing=top1)")
+    assert not is_reference(dict(plain, baseline=True), "fedavg")

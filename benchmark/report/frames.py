@@ -26,7 +26,8 @@ from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts
-from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
+from dfbench.benchmark.report.names import same as names_same
+from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_records import (
     RunFailure,
     RunRecord,
@@ -434,12 +435,30 @@ def higher_is_better(evals: pd.DataFrame) -> set[str]:
     return {m for m in evals["metric"].unique() if better(m, evals) == "higher"}
 
 
-def is_reference(row: Mapping[str, Any], reference: str) -> bool:
-    """Whether an aggregated row is the block's reference: its setting label, or the method of that name
-    without parameters (an untrained baseline never is)."""
+def is_reference(row: Mapping[str, Any], reference: str, name: str | None = None) -> bool:
+    """Whether an aggregated row is a reference setting of its block: its setting label or its page name
+    (`names.setting_names`, e.g. "experts (mixing=full)") is `reference`, it is the method of that name
+    without hyperparameters, or `reference` is a claims-file spec ("experts?mixing=full") that it matches
+    (an untrained baseline never is)."""
     if bool(row.get("baseline")):
         return False
-    return str(row.get("setting")) == reference or (str(row.get("method")) == reference and not row.get("params"))
+    if "?" in reference and not reference.startswith("?"):  # a claims-file spec: "experts?mixing=full", "fedavg?train.lr=0.003"
+        from dfbench.benchmark.grid.spec import parse_method
+
+        method, params = parse_method(reference)
+        if str(row.get("method")) != method:
+            return False
+        for key, wanted in params.items():
+            col = f"cfg.{key.rpartition('.')[2]}" if "." in key else f"param.{key}"
+            if col not in row or not names_same(row[col], wanted):
+                return False
+        return True
+    return (str(row.get("setting")) == reference or (name is not None and name == reference)
+            or (str(row.get("method")) == reference and not _present(row.get("params"))))
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
 
 
 def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str) -> list[verdicts.Setting]:
@@ -450,12 +469,14 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     baselines = block[block["baseline"].astype(bool)]
     floor = baselines[baselines["method"] == reference] if (baselines["method"] == reference).any() else baselines
     floor_key = str(floor["group_key"].iloc[0]) if len(floor) else None
-    for _, row in block.iterrows():
+    names = setting_names(block)
+    for idx, row in block.iterrows():
         if row["baseline"] and str(row["group_key"]) != floor_key:
             continue
+        ref = is_reference(row, reference, names.get(idx))
         out.append(verdicts.setting_of_runs(runs[runs["group_key"] == row["group_key"]], metric, str(row["group_key"]),
                                             budget=str(row["budget_key"]), baseline=bool(row["baseline"]),
-                                            is_reference=is_reference(row, reference)))
+                                            is_reference=ref, primary=ref and names.get(idx) == reference))
     return out
 
 
@@ -481,7 +502,8 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
                 scale = "difference"  # a "positive" score at or below 0 (a foreign row): compared by differences
             found = verdicts.block_verdicts(settings, scale=scale,
                                             lower_better=better(primary) != "higher", margin=margin)
-            setting_of = dict(zip(block["group_key"].astype(str), block["setting"]))
+            names = setting_names(block)  # the reference by its page name: unique in the block, unlike its label
+            setting_of = {str(block.at[i, "group_key"]): names[i] for i in block.index}
             for idx, row in block.iterrows():
                 for col, value in found.get(str(row["group_key"]), {}).items():
                     table.at[idx, col] = setting_of.get(value, value) if col == "reference" else value

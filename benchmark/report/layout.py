@@ -257,6 +257,10 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         parts = [f"{n} {v}" for v, n in counts.items() if n]
         text += (f" Against {_reference_label(block, labels)}, paired by seed (Holm-corrected{within}): "
                  f"{', '.join(parts)}.")
+        used = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
+        if used[(used != "") & (used != "nan")].nunique() > 1:
+            text += (" A setting is compared with the reference setting of its own budget where the block has one "
+                     "(named in the paired column), else with the main one.")
     floor = [labels[i] for i, r in ranked.iterrows() if str(r.get("floor")).lower() == "true"]
     if floor:
         text += f" Not shown better than the untrained model (ranked last): {_join(floor)}."
@@ -326,8 +330,9 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     flags_shown = primary is not None and block.apply(lambda r: bool(flags_text(r)), axis=1).any()
     if primary:
         headers.append(_arrow(primary))
+    reference_label = _reference_label(block, labels)
     if verdicts_shown:
-        headers.append(f"vs {_reference_label(block, labels)} (paired)")
+        headers.append(f"vs {reference_label} (paired)")
     if flags_shown:
         headers.append("flags")
     headers += ["n", "uplink MB", "uplink vs fedavg", "wall time"]
@@ -345,8 +350,12 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
             cells.append(fmt_metric(row, primary, int(row["n"])))
             sk.append(_metric_key(row, primary))
         if verdicts_shown:
-            cells.append(verdict_text(row))
-            sk.append(verdict_text(row))
+            text = verdict_text(row)
+            own = str(row.get("reference"))
+            if text and row.get("verdict") != "reference" and own in labels.values() and own != reference_label:
+                text += f" (vs {own})"  # compared with the reference setting of its own budget
+            cells.append(text)
+            sk.append(text)
         if flags_shown:
             cells.append(flags_text(row))
             sk.append(flags_text(row))
@@ -401,11 +410,16 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
 
 
 def _reference_label(block: pd.DataFrame, labels: Mapping[int, str]) -> str:
-    """The page's name of the block's reference setting (the verdicts' `reference`: its setting)."""
+    """The page's name of the block's main reference setting: of the verdicts' `reference` column (a page
+    name; a setting label in a leaderboard.csv written before names went there), the one most settings
+    are compared with."""
     keys = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
     keys = keys[(keys != "") & (keys != "nan")]
     if len(keys):
-        hit = block.index[block["setting"].astype(str) == keys.iloc[0]] if "setting" in block else []
+        main = keys.value_counts(sort=True).index[0]
+        if main in labels.values():
+            return main
+        hit = block.index[block["setting"].astype(str) == main] if "setting" in block else []
         if len(hit):
             return labels[hit[0]]
     return "reference"

@@ -298,6 +298,7 @@ class Setting:
     intervals: Mapping[Any, tuple[float, float]] | None = None  # seed -> the run's own (sampling) interval
     baseline: bool = False
     is_reference: bool = False
+    primary: bool = False  # of several reference settings, the block's own (named just the reference)
 
 
 FINGERPRINT_NAMES = {"partition_sha256": "partitions", "init_sha256": "initial models", "eval_noise_sha256": "evaluation noises"}
@@ -336,25 +337,50 @@ def _differences(a: Setting, b: Setting, seeds: Sequence[Any], scale: Scale) -> 
     return (transform([a.values[s] for s in seeds], scale), transform([b.values[s] for s in seeds], scale))
 
 
+def references(contenders: Sequence[Setting]) -> dict[str, Setting]:
+    """group_key -> the setting it is compared with (absent when there is none): the reference setting of
+    the same budget where there is exactly one, else the primary reference (flagged, or the only reference
+    setting). A reference setting maps to itself, unless no setting is compared with it and there is a
+    primary one: then it is compared with that."""
+    refs = [s for s in contenders if s.is_reference]
+    flagged = [r for r in refs if r.primary]
+    primary = flagged[0] if len(flagged) == 1 else (refs[0] if len(refs) == 1 else None)
+    out: dict[str, Setting] = {}
+    for s in contenders:
+        if s.is_reference:
+            continue
+        same = [r for r in refs if r.budget == s.budget]
+        ref = same[0] if len(same) == 1 else primary
+        if ref is not None:
+            out[s.key] = ref
+    used = {r.key for r in out.values()} | ({primary.key} if primary is not None else set())
+    for r in refs:  # without a primary one, each reference setting stays its own budget's reference
+        out[r.key] = primary if r.key not in used and primary is not None else r
+    return out
+
+
 def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: bool, margin: float = MARGIN,
                    alpha: float = ALPHA, resamples: int = RESAMPLES) -> dict[str, dict[str, Any]]:
     """group_key -> the verdict columns of that setting (see `COLUMNS`) for one block of a leaderboard.
 
     The reference of a setting is the reference setting (``is_reference``) of the same budget, else the
-    only one; the untrained model is the block's baseline. Holm runs over the block's contrasts with the
-    reference (one family for the difference tests, one for the equivalence tests) and over its contrasts
-    with the untrained model."""
+    block's primary reference (the one flagged ``primary``, or the only one). A reference setting that no
+    other setting is compared with (the reference method under another clock, privacy or recipe) is itself
+    compared with the primary one. The untrained model is the block's baseline. Holm runs over the
+    block's contrasts with the references (one family for the difference tests, one for the equivalence
+    tests) and over its contrasts with the untrained model."""
     sign = 1.0 if lower_better else -1.0  # a negative sign * difference favours the setting
     contenders = [s for s in settings if not s.baseline and s.values]
     refs = [s for s in contenders if s.is_reference]
     floor = next((s for s in settings if s.baseline and s.values), None)
     out: dict[str, dict[str, Any]] = {s.key: _empty() for s in contenders}
+    reference_of = references(contenders)
 
     # -- against the reference ------------------------------------------------------------------------
     tests: list[tuple[Setting, Setting, list[Any], PairedT, float, tuple[float, float]]] = []
     for s in contenders:
         row = out[s.key]
-        ref = next((r for r in refs if r.budget == s.budget), refs[0] if len(refs) == 1 else None)
+        ref = reference_of.get(s.key)
         if ref is None:
             row["verdict_note"] = "no reference setting in this block" if not refs else "no reference at this budget"
             continue
