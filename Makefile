@@ -65,7 +65,8 @@ bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0
 	@# the small28 / 14-round cells are paper-fmnist's own runs (same run ids): copied in when that study has run
 	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid paper-fmnist-budget --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-budget --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims benchmark/grid/builtin/paper-fmnist-budget.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims benchmark/grid/builtin/paper-fmnist-budget.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.budget_width results/paper-fmnist-budget && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-rules --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
