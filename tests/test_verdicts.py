@@ -245,3 +245,25 @@ def test_the_reference_is_named_by_method_spec_or_page_name_and_never_the_untrai
     assert not is_reference(full, "experts?router_lr=0.002")  # a key the row does not record matches nothing
     assert is_reference(top1, "experts (mixing=top1)", name="experts (mixing=top1)")
     assert not is_reference(dict(plain, baseline=True), "fedavg")
+
+
+def test_each_setting_meets_the_untrained_model_of_its_own_width():
+    def at(key, values, init, *, ref=False, baseline=False, budget="b"):
+        return V.Setting(key=key, values=values, budget=budget, is_reference=ref, baseline=baseline,
+                         fingerprints={s: {"init_sha256": init, "partition_sha256": f"p{s}"} for s in values})
+
+    seeds = [0, 1, 2]
+    narrow_floor = at("untrained-28", dict(zip(seeds, [800.0, 820.0, 790.0])), "w28", baseline=True)
+    wide_floor = at("untrained-32", dict(zip(seeds, [300.0, 310.0, 290.0])), "w32", baseline=True, budget="b32")
+    narrow = at("fedavg-28", dict(zip(seeds, [150.0, 160.0, 140.0])), "w28", ref=True)
+    wide = at("fedavg-32", dict(zip(seeds, [100.0, 90.0, 95.0])), "w32", ref=True, budget="b32")
+    wide_rp = at("random-32", dict(zip(seeds, [280.0, 120.0, 290.0])), "w32", budget="b32")
+    assert V.untrained_of(wide_rp, [narrow_floor, wide_floor]) is wide_floor
+    assert V.untrained_of(narrow, [narrow_floor, wide_floor]) is narrow_floor
+    out = V.block_verdicts([narrow_floor, wide_floor, narrow, wide, wide_rp], scale="log", lower_better=True)
+    # against its own width's floor: collapsed where nearer 300 than the wide FedAvg (seeds 0 and 2)
+    assert out["random-32"]["floor_note"] == "" and (out["random-32"]["collapsed"], out["random-32"]["collapse_seeds"]) == (2, 3)
+    assert out["random-32"]["reference"] == "fedavg-32" and out["fedavg-32"]["verdict"] == "reference"
+    # against the narrow floor it would have been unpaired and marked; a lone mismatched floor still says why
+    alone = V.block_verdicts([narrow_floor, wide, wide_rp], scale="log", lower_better=True)
+    assert alone["random-32"]["floor"] and "initial models differ" in alone["random-32"]["floor_note"]

@@ -463,16 +463,15 @@ def _present(value: Any) -> bool:
 
 def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str) -> list[verdicts.Setting]:
     """The block's settings as the verdicts see them: per seed the metric, the run's own interval and
-    its pairing records (partition, initial model, evaluation noises). Of several untrained baselines,
-    the reference method's is the floor."""
+    its pairing records (partition, initial model, evaluation noises). Every untrained baseline is there,
+    the reference method's first: a setting's floor is the first that pairs with it (`verdicts.untrained_of`),
+    so a block of two widths tests each against its own width's untrained model."""
     out: list[verdicts.Setting] = []
-    baselines = block[block["baseline"].astype(bool)]
-    floor = baselines[baselines["method"] == reference] if (baselines["method"] == reference).any() else baselines
-    floor_key = str(floor["group_key"].iloc[0]) if len(floor) else None
     names = setting_names(block)
-    for idx, row in block.iterrows():
-        if row["baseline"] and str(row["group_key"]) != floor_key:
-            continue
+    # the reference method's untrained models first: a setting is tested against the first that pairs with it
+    order = sorted(block.index, key=lambda i: not (bool(block.at[i, "baseline"]) and block.at[i, "method"] == reference))
+    for idx in order:
+        row = block.loc[idx]
         ref = is_reference(row, reference, names.get(idx))
         out.append(verdicts.setting_of_runs(runs[runs["group_key"] == row["group_key"]], metric, str(row["group_key"]),
                                             budget=str(row["budget_key"]), baseline=bool(row["baseline"]),

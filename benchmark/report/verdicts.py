@@ -18,7 +18,7 @@ statistic here works on those per-seed differences:
   three differences, which misses the true mean of a symmetric spread one time in four (all three
   on one side), so it covers at most 75 %, not 95 %.
 - **floor**: a setting the paired test does not show better than the untrained model of the same
-  seeds is marked so and ranks after every setting that is; with one seed, the two runs' own
+  seeds (the block's first untrained model that pairs with it: one per width where widths differ) is marked so and ranks after every setting that is; with one seed, the two runs' own
   sampling intervals must be disjoint.
 - **collapse**: a seed whose score lies nearer (on the metric's scale) to the untrained model's at
   that seed than to the reference's has collapsed; a setting is flagged with how many did.
@@ -359,6 +359,17 @@ def references(contenders: Sequence[Setting]) -> dict[str, Setting]:
     return out
 
 
+def untrained_of(s: Setting, floors: Sequence[Setting]) -> Setting:
+    """The untrained model a setting is tested against: the first of `floors` that pairs with it (shares
+    a seed, and its partition, initial model and noises there: a block of several widths has one per
+    width), else the first."""
+    for f in floors:
+        seeds = _shared(s, f)
+        if seeds and pairing_problem(s, f, seeds) is None:
+            return f
+    return floors[0]
+
+
 def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: bool, margin: float = MARGIN,
                    alpha: float = ALPHA, resamples: int = RESAMPLES) -> dict[str, dict[str, Any]]:
     """group_key -> the verdict columns of that setting (see `COLUMNS`) for one block of a leaderboard.
@@ -372,7 +383,7 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     sign = 1.0 if lower_better else -1.0  # a negative sign * difference favours the setting
     contenders = [s for s in settings if not s.baseline and s.values]
     refs = [s for s in contenders if s.is_reference]
-    floor = next((s for s in settings if s.baseline and s.values), None)
+    floors = [s for s in settings if s.baseline and s.values]  # the first is the default one
     out: dict[str, dict[str, Any]] = {s.key: _empty() for s in contenders}
     reference_of = references(contenders)
 
@@ -423,9 +434,10 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     floor_tests: list[tuple[Setting, float]] = []
     for s in contenders:
         row = out[s.key]
-        if floor is None:
+        if not floors:
             row["floor_note"] = "no untrained model in this block"
             continue
+        floor = untrained_of(s, floors)
         seeds = _shared(s, floor)
         problem = pairing_problem(s, floor, seeds) if seeds else "no seed shared with the untrained model"
         if problem:
