@@ -269,9 +269,16 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
     if unstable:
         text += f" Collapsed on some seeds only: {_join(unstable)}."
     base = block[block.apply(_is_baseline, axis=1)]
-    if len(base) and not pd.isna(base.iloc[0].get(f"{primary}_mean")):
-        floor = to_float(base.iloc[0].get(f"{primary}_gmean"))  # as the table shows it
-        text += f" Untrained: {fmt_number(base.iloc[0][f'{primary}_mean'] if math.isnan(floor) else floor)}."
+    base = base[base[f"{primary}_mean"].notna()] if f"{primary}_mean" in base else base.iloc[0:0]
+
+    def shown_floor(row: pd.Series) -> str:
+        floor = to_float(row.get(f"{primary}_gmean"))  # as the table shows it
+        return fmt_number(row[f"{primary}_mean"] if math.isnan(floor) else floor)
+
+    if len(base) == 1:
+        text += f" Untrained: {shown_floor(base.iloc[0])}."
+    elif len(base) > 1:  # one per width: each setting is tested against the one that pairs with it
+        text += f" Untrained: {', '.join(f'{shown_floor(r)} ({labels[i]})' for i, r in base.iterrows())}."
     return text
 
 
