@@ -56,3 +56,23 @@ def test_cli_writes_three_files_and_refuses_a_runs_csv_without_the_network(tmp_p
     assert B.main([str(tmp_path)]) == 2
     assert "cfg.model" in capsys.readouterr().err
     assert B.main([str(tmp_path / "nowhere")]) == 2
+
+
+def test_speed_is_the_median_of_images_per_training_second_from_the_run_folders(tmp_path):
+    import json
+
+    runs = _runs()
+    runs["run_id"] = [f"s{s}-{i:010d}" for i, s in enumerate(runs["seed"])]
+    for i, (rid, method) in enumerate(zip(runs["run_id"], runs["method"])):
+        folder = tmp_path / "runs" / "fmnist" / "iid" / method / rid
+        folder.mkdir(parents=True)
+        m = {"client_images": 1000.0, "train_wall_seconds": 10.0 * (1 + i % 3)} if i < 12 else {"client_images": 0.0}
+        (folder / "metrics.json").write_text(json.dumps(m))
+    (tmp_path / "runs" / "broken").mkdir()
+    (tmp_path / "runs" / "broken" / "metrics.json").write_text("{not json")
+    speed = B.speeds(tmp_path / "runs")
+    assert len(speed) == 12 and speed[runs["run_id"][1]] == pytest.approx(50.0)
+    t = B.summarize(runs, speed=speed)
+    row = t[(t["model"] == "n28") & (t["setting"] == "fedavg")].iloc[0]
+    assert row["images_per_s"] == pytest.approx(50.0)  # median of 100, 50, 33.3
+    assert math.isnan(t[t["rounds"] == 0]["images_per_s"].iloc[0])  # untrained: no training time

@@ -5,7 +5,8 @@
 reads the study's ``runs.csv`` (written by `dfbench report`) and writes, from it alone:
 
 - ``budget_width.csv``: one row per network x rounds x setting: the seeds, the ranking metric per seed
-  (";"-joined), its geometric mean, how many seeds collapsed and the parameter count;
+  (";"-joined), its geometric mean, how many seeds collapsed, the parameter count and the training
+  speed (median client images per second, from the run folders' metrics.json where they are there);
 - ``budget_width.md``: that table for a README to include (``<!-- include: budget_width.md -->``);
 - ``budget_width.png``: per network, the metric of every seed against the rounds (0: the untrained model
   of that seed), one thin line per seed and method, the geometric mean thick, on a log axis.
@@ -18,6 +19,7 @@ reference method's at the same network, rounds and seed, on the log scale: the l
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -33,15 +35,33 @@ import pandas as pd  # noqa: E402
 from dfbench.benchmark.report import verdicts as V  # noqa: E402
 from dfbench.benchmark.report.names import setting_names  # noqa: E402
 
-COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds"]
+COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds",
+           "images_per_s"]
 
 
 def _is_true(value: object) -> bool:
     return str(value).strip().lower() == "true"
 
 
-def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "fedavg") -> pd.DataFrame:
-    """One row per network x rounds x setting (the untrained model as rounds 0), in that order."""
+def speeds(runs_dir: Path) -> dict[str, float]:
+    """run_id -> training speed, client images per second of training wall time (metrics.json's
+    client_images / train_wall_seconds), for every run folder under `runs_dir` that records both."""
+    out: dict[str, float] = {}
+    for path in sorted(Path(runs_dir).rglob("metrics.json")):
+        try:
+            m = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        images, seconds = m.get("client_images"), m.get("train_wall_seconds")
+        if isinstance(images, (int, float)) and isinstance(seconds, (int, float)) and images > 0 and seconds > 0:
+            out[path.parent.name] = float(images) / float(seconds)  # the folder is named by the run id
+    return out
+
+
+def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "fedavg",
+              speed: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row per network x rounds x setting (the untrained model as rounds 0), in that order;
+    `speed` (run_id -> images/s, `speeds`) gives each trained row its median over the seeds."""
     need = {"method", "seed", "baseline", "cfg.model", "cfg.rounds", metric}
     missing = sorted(need - set(runs.columns))
     if missing:
@@ -68,24 +88,30 @@ def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "f
             collapsed = sum(V.collapsed(float(log[grp.index[seeds.index(s)]]), math.log(float(floor.at[s, metric])),
                                         math.log(float(ref.at[s, metric]))) for s in both)
         params = grp["num_parameters"].dropna() if "num_parameters" in grp else pd.Series(dtype=float)
+        rates = [speed[str(r)] for r in grp.get("run_id", []) if speed and str(r) in speed]
         rows.append({"model": model, "num_parameters": int(params.iloc[0]) if len(params) else math.nan,
                      "rounds": int(rounds), "setting": label, "seeds": ";".join(map(str, seeds)), "n": len(seeds),
                      "per_seed": ";".join(f"{v:.1f}" for v in values),
                      "gmean": float(np.exp(np.mean(np.log(values)))), "collapsed": collapsed,
-                     "collapse_seeds": collapse_seeds})
+                     "collapse_seeds": collapse_seeds, "images_per_s": float(np.median(rates)) if rates else math.nan})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def to_markdown(table: pd.DataFrame, metric: str) -> str:
-    lines = [f"| network (parameters) | rounds | setting | {metric} per seed | geometric mean | collapsed |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| network (parameters) | rounds | setting | {metric} per seed | geometric mean | collapsed | images/s |",
+             "|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         width = f"{r['model']} ({int(r['num_parameters']):,})" if not pd.isna(r["num_parameters"]) else str(r["model"])
         seeds = str(r["seeds"]).split(";")
         per_seed = ", ".join(f"s{s} {v}" for s, v in zip(seeds, str(r["per_seed"]).split(";")))
         fell = "" if pd.isna(r["collapsed"]) else f"{int(r['collapsed'])}/{int(r['collapse_seeds'])}"
-        lines.append(f"| {width} | {int(r['rounds'])} | {r['setting']} | {per_seed} | {r['gmean']:.1f} | {fell} |")
-    return "\n".join(lines) + "\n"
+        rate = "" if pd.isna(r["images_per_s"]) else f"{r['images_per_s']:.0f}"
+        lines.append(f"| {width} | {int(r['rounds'])} | {r['setting']} | {per_seed} | {r['gmean']:.1f} | {fell} | {rate} |")
+    return ("\n".join(lines) + "\n\nPer seed the run's score; geometric mean over the seeds; collapsed: seeds nearer "
+            "(log scale) the untrained model's score at that width and seed than the reference's at that width, "
+            "rounds and seed; images/s: the median over the seeds of client images per second of training wall "
+            "time, one torch thread per run (metrics.json); client images count in full-model equivalents, so a keep-0.5 "
+            "row reads half the images/s of the same wall time.\n")
 
 
 def figure(table: pd.DataFrame, metric: str, path: Path) -> Path:
@@ -135,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path} not found: `dfbench report --runs RUNS --out {args.study}` writes it", file=sys.stderr)
         return 2
     try:
-        table = summarize(pd.read_csv(path), args.metric, args.reference)
+        table = summarize(pd.read_csv(path), args.metric, args.reference, speeds(args.study / "runs"))
     except ValueError as e:
         print(f"budget_width: {e}", file=sys.stderr)
         return 2
