@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from pathlib import Path
 
@@ -125,6 +125,20 @@ def setting_colors(table: pd.DataFrame, metrics: Sequence[str]) -> dict[str, Any
     setting has one colour in every plot drawn from the table, whatever each plot leaves out."""
     ordered = sorted(set(_setting_names(_with_score(table, metrics, suffix="_mean")).values()))
     return dict(zip(ordered, sns.color_palette("tab10" if len(ordered) <= 10 else "husl", len(ordered))))
+
+
+def palette(labels: Sequence[str], colors: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """label -> colour for a plot's settings: the report's `setting_colors` where it names the label (so a
+    setting has one colour in every plot), a colour of its own otherwise (one not already used)."""
+    colors = dict(colors or {})
+    out = {label: colors[label] for label in labels if label in colors}
+    missing = [label for label in sorted(set(labels)) if label not in out]
+    if missing:
+        used = {tuple(np.round(c, 4)) for c in out.values()}
+        spare = [c for c in sns.color_palette("tab10" if len(missing) + len(out) <= 10 else "husl", len(missing) + len(out))
+                 if tuple(np.round(c, 4)) not in used]
+        out.update(zip(missing, spare))
+    return out
 
 
 def _dodged(panel: pd.DataFrame, labels: Sequence[str], log: bool, span: float, step: float = 0.015) -> pd.Series:
@@ -262,9 +276,10 @@ def table_plots(table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path) ->
     }, plots_dir)
 
 
-def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str] | None = None) -> Path | str:
+def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str] | None = None,
+                        colors: Mapping[str, Any] | None = None) -> Path | str:
     """Mean training loss per round (from rounds.jsonl), one line per setting (`labels`: run id ->
-    label; seeds of one label pooled), one panel per block."""
+    label; seeds of one label pooled), one panel per block; `colors`: the report's `setting_colors`."""
     if rounds.empty:
         return "no rounds.jsonl rows"
     df = rounds.dropna(subset=["round", "loss"])
@@ -277,7 +292,7 @@ def plot_loss_per_round(rounds: pd.DataFrame, path: Path, labels: dict[str, str]
     n_blocks = df["block"].nunique()
     grid = sns.relplot(
         data=df, x="round", y="loss", hue="setting", col="block", col_wrap=min(3, n_blocks), kind="line",
-        errorbar="sd", facet_kws={"sharey": False, "sharex": False}, height=3.2, aspect=1.3,
+        palette=palette(list(df["setting"].unique()), colors), errorbar="sd", facet_kws={"sharey": False, "sharex": False}, height=3.2, aspect=1.3,
     )
     grid.set_titles("{col_name}")
     for ax in grid.axes.flat:
@@ -328,7 +343,7 @@ CURVE_AXES = (("round", "round"), ("uplink_mb", "cumulative uplink (MB)"), ("cli
               ("sim_seconds", "simulated time (s)"))
 
 
-def plot_quality_curves(curves: pd.DataFrame, path: Path) -> Path | str:
+def plot_quality_curves(curves: pd.DataFrame, path: Path, colors: Mapping[str, Any] | None = None) -> Path | str:
     """Quality curves (eval.every): the curve metric against round, cumulative uplink, client work
     and simulated time; one row of panels per dataset / partition, one line per setting (mean over
     seeds at each curve round, both axes averaged), band: ± 1 std over seeds."""
@@ -337,8 +352,7 @@ def plot_quality_curves(curves: pd.DataFrame, path: Path) -> Path | str:
     df = curves.dropna(subset=["round", "value"]).assign(block=lambda f: f["dataset"] + " / " + f["partition"])
     blocks = sorted(df["block"].unique())
     fig, axes = plt.subplots(len(blocks), len(CURVE_AXES), figsize=(4.2 * len(CURVE_AXES), 3.4 * len(blocks)), squeeze=False)
-    settings = sorted(df["label"].unique())
-    colors = dict(zip(settings, sns.color_palette("tab10" if len(settings) <= 10 else "husl", len(settings))))
+    colors = palette(list(df["label"].unique()), colors)
     for i, block in enumerate(blocks):
         sub = df[df["block"] == block]
         metric = str(sub["metric"].iloc[0])
@@ -372,15 +386,17 @@ def make_plots(
     runs: pd.DataFrame, rounds: pd.DataFrame, table: pd.DataFrame, metrics: Sequence[str], plots_dir: Path,
     curves: pd.DataFrame | None = None,
 ) -> tuple[dict[str, Path], dict[str, str]]:
-    """Draw every plot whose data exists; return (written plots, skipped plots with reasons)."""
+    """Draw every plot whose data exists; return (written plots, skipped plots with reasons). A setting has
+    one colour in every plot of settings (`setting_colors`)."""
+    colors = setting_colors(table, metrics) if len(table) else {}
     jobs: dict[str, Callable[[Path], Path | str]] = {
         "metric_vs_keep_ratio": lambda p: plot_metric_vs_keep_ratio(runs, metrics, p),
         "metric_vs_alpha": lambda p: plot_metric_vs_alpha(table, metrics, p),
         "metric_vs_uplink": lambda p: plot_metric_vs_uplink(table, metrics, p),
-        "loss_per_round": lambda p: plot_loss_per_round(rounds, p, curve_labels(runs)),
+        "loss_per_round": lambda p: plot_loss_per_round(rounds, p, curve_labels(runs), colors),
         "metric_vs_gamma_star": lambda p: plot_metric_vs_gamma_star(table, metrics, p),
         "metric_vs_w2": lambda p: plot_metric_vs_w2(table, metrics, p),
-        "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p),
+        "quality_curves": lambda p: plot_quality_curves(curves if curves is not None else pd.DataFrame(), p, colors),
     }
     assert list(jobs) == list(PLOT_NAMES)
     return _run_jobs(jobs, plots_dir)
