@@ -352,3 +352,19 @@ def test_a_setting_keeps_its_colour_whatever_a_plot_leaves_out(tmp_path: Path, m
     # assert: one bar per setting, in label order, each in the report's colour of its setting
     assert uplink == [tuple(colors["fedavg"]), tuple(colors["random_prune (keep_ratio=0.25)"])]
     assert drawn == [tuple(colors[k]) for k in ("experts", "fedavg", "random_prune (keep_ratio=0.25)")]
+
+
+def test_a_blocks_usual_config_value_does_not_depend_on_the_row_order():
+    """Two widths with as many rows each: the usual value (the one a name leaves out) is the smaller, whichever
+    row comes first, so the verdicts' reference names and the page's names agree after the ranking reorders."""
+    import pandas as pd
+
+    from dfbench.benchmark.report.names import setting_names, usual
+
+    block = pd.DataFrame({"dataset": "fmnist", "partition": "iid", "method": "fedavg", "baseline": False,
+                          "cfg.model": ["small32", "small28", "small32", "small28"], "cfg.rounds": [28, 14, 14, 28]})
+    assert usual(block, "cfg.model") == usual(block.iloc[::-1], "cfg.model") == "small28"
+    assert usual(block, "cfg.rounds") == usual(block.iloc[::-1], "cfg.rounds") == "14"
+    names = setting_names(block)
+    assert names == {i: n for i, n in setting_names(block.iloc[::-1]).items()}
+    assert names[1] == "fedavg" and names[0] == "fedavg (model=small32, rounds=28)"

@@ -102,14 +102,22 @@ def varying_config(block: pd.DataFrame) -> list[str]:
 
 
 def usual(block: pd.DataFrame, col: str) -> str:
-    """The block's most common value of a config column (a tie goes to the config default, else the first seen)."""
+    """The block's most common value of a config column (a tie goes to the config default, else to the
+    smallest value, numbers by value: never to the row order, which the ranking changes)."""
     counts: dict[str, int] = {}
     for v in block[col].map(shown):
         counts[v] = counts.get(v, 0) + 1
     top = max(counts.values())
     tied = [v for v, n in counts.items() if n == top]
     default = CONFIG_DEFAULTS.get(col[4:])
-    return shown(default) if default is not None and shown(default) in tied else tied[0]
+    if default is not None and shown(default) in tied:
+        return shown(default)
+    return min(tied, key=_order)
+
+
+def _order(value: str) -> tuple[int, float, str]:
+    number = to_float(value)
+    return (0, number, value) if not math.isnan(number) else (1, 0.0, value)
 
 
 def config_label(column: str) -> str:
