@@ -419,11 +419,12 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
 def _reference_label(block: pd.DataFrame, labels: Mapping[int, str]) -> str:
     """The page's name of the block's main reference setting: of the verdicts' `reference` column (a page
     name; a setting label in a leaderboard.csv written before names went there), the one most settings
-    are compared with."""
+    are compared with (of equals, the shortest name: the block's plain reference)."""
     keys = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
     keys = keys[(keys != "") & (keys != "nan")]
     if len(keys):
-        main = keys.value_counts(sort=True).index[0]
+        counts = keys.value_counts()
+        main = min((k for k in counts.index if counts[k] == counts.max()), key=lambda k: (len(k), k))  # a tie: the plainest name
         if main in labels.values():
             return main
         hit = block.index[block["setting"].astype(str) == main] if "setting" in block else []
