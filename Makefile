@@ -61,7 +61,7 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims benchmark/grid/builtin/paper-fmnist.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
-bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0.5 at 14/28 rounds on small28/small32, 6 seeds (~3.4 h on 2 cores; reuses bench-paper-fmnist's runs), results in results/paper-fmnist-budget/
+bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0.5 at 14/28 rounds on small28/small32, 6 seeds (~3.5 h on 2 cores; reuses bench-paper-fmnist's runs), results in results/paper-fmnist-budget/
 	@# the small28 / 14-round cells are paper-fmnist's own runs (same run ids): copied in when that study has run
 	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid paper-fmnist-budget --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-budget --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
