@@ -127,22 +127,30 @@ def _same(value: Any, wanted: Any) -> bool:
         return str(value) == str(wanted)
 
 
+def spec_column(key: str) -> str:
+    """The run-table column a method spec's key names: a dotted key ("train.lr") is a config field
+    (cfg.lr), any other a hyperparameter (param.mixing)."""
+    return f"cfg.{key.rpartition('.')[2]}" if "." in key else f"param.{key}"
+
+
+def matches_spec(row: Mapping[str, Any], spec: str) -> bool:
+    """Whether a run's or a setting's row is of the method `spec` names with every hyperparameter and
+    config value it gives (a key the row does not record matches nothing); never an untrained baseline."""
+    from dfbench.benchmark.grid.spec import parse_method
+
+    name, params = parse_method(spec)
+    if str(row.get("baseline")).lower() == "true" or str(row.get("method")) != name:
+        return False
+    return all(spec_column(key) in row and _same(row[spec_column(key)], wanted) for key, wanted in params.items())
+
+
 def select(runs: pd.DataFrame, spec: str, where: Mapping[str, Any]) -> pd.DataFrame:
     """The runs of the one setting `spec` names (see the module doc); ClaimsError listing the settings
     when it names none or several."""
-    from dfbench.benchmark.grid.spec import parse_method
-
     if spec == "untrained":
         rows = runs[runs["baseline"].astype(str).str.lower() == "true"]
     else:
-        name, params = parse_method(spec)
-        rows = runs[(runs["method"] == name) & (runs["baseline"].astype(str).str.lower() != "true")]
-        for key, wanted in params.items():  # a dotted key ("fedavg?train.lr=0.003") is a config field
-            col = f"cfg.{key.rpartition('.')[2]}" if "." in key else f"param.{key}"
-            if col not in rows:
-                rows = rows.iloc[0:0]
-                break
-            rows = rows.loc[np.array([_same(v, wanted) for v in rows[col]], dtype=bool)]
+        rows = runs.loc[np.array([matches_spec(r, spec) for _, r in runs.iterrows()], dtype=bool)] if len(runs) else runs
     for key, wanted in where.items():
         col = key if key in ("dataset", "partition") else (key if key.startswith("cfg.") else f"cfg.{key.rpartition('.')[2]}")
         if col not in rows:

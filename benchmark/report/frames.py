@@ -26,7 +26,7 @@ from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts
-from dfbench.benchmark.report.names import same as names_same
+from dfbench.benchmark.report.names import _present as present
 from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_records import (
     RunFailure,
@@ -443,31 +443,21 @@ def is_reference(row: Mapping[str, Any], reference: str, name: str | None = None
     if bool(row.get("baseline")):
         return False
     if "?" in reference and not reference.startswith("?"):  # a claims-file spec: "experts?mixing=full", "fedavg?train.lr=0.003"
-        from dfbench.benchmark.grid.spec import parse_method
+        from dfbench.benchmark.report.claims import matches_spec
 
-        method, params = parse_method(reference)
-        if str(row.get("method")) != method:
-            return False
-        for key, wanted in params.items():
-            col = f"cfg.{key.rpartition('.')[2]}" if "." in key else f"param.{key}"
-            if col not in row or not names_same(row[col], wanted):
-                return False
-        return True
+        return matches_spec(row, reference)
     return (str(row.get("setting")) == reference or (name is not None and name == reference)
-            or (str(row.get("method")) == reference and not _present(row.get("params"))))
+            or (str(row.get("method")) == reference and not present(row.get("params"))))
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
-
-
-def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str) -> list[verdicts.Setting]:
+def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str,
+                   names: Mapping[Any, str] | None = None) -> list[verdicts.Setting]:
     """The block's settings as the verdicts see them: per seed the metric, the run's own interval and
     its pairing records (partition, initial model, evaluation noises). Every untrained baseline is there,
     the reference method's first: a setting's floor is the first that pairs with it (`verdicts.untrained_of`),
     so a block of two widths tests each against its own width's untrained model."""
     out: list[verdicts.Setting] = []
-    names = setting_names(block)
+    names = setting_names(block) if names is None else names  # row -> page name (the caller's, when it has them)
     # the reference method's untrained models first: a setting is tested against the first that pairs with it
     order = sorted(block.index, key=lambda i: not (bool(block.at[i, "baseline"]) and block.at[i, "method"] == reference))
     for idx in order:
@@ -495,13 +485,13 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
         table.loc[block.index, "primary_metric"] = primary
         if primary is not None and runs is not None and len(runs):
             # Baselines are references, not contenders: they get no rank (verdicts.block_verdicts).
-            settings = block_settings(block, runs, primary, reference)
+            names = setting_names(block)  # the reference by its page name: unique in the block, unlike its label
+            settings = block_settings(block, runs, primary, reference, names)
             scale = metric_table.scale(primary)
             if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
                 scale = "difference"  # a "positive" score at or below 0 (a foreign row): compared by differences
             found = verdicts.block_verdicts(settings, scale=scale,
                                             lower_better=better(primary) != "higher", margin=margin)
-            names = setting_names(block)  # the reference by its page name: unique in the block, unlike its label
             setting_of = {str(block.at[i, "group_key"]): names[i] for i in block.index}
             for idx, row in block.iterrows():
                 for col, value in found.get(str(row["group_key"]), {}).items():

@@ -257,8 +257,7 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         parts = [f"{n} {v}" for v, n in counts.items() if n]
         text += (f" Against {_reference_label(block, labels)}, paired by seed (Holm-corrected{within}): "
                  f"{', '.join(parts)}.")
-        used = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
-        if used[(used != "") & (used != "nan")].nunique() > 1:
+        if _references(block).nunique() > 1:
             text += (" A setting is compared with the reference setting of its own budget where the block has one "
                      "(named in the paired column), else with the main one.")
     floor = [labels[i] for i, r in ranked.iterrows() if str(r.get("floor")).lower() == "true"]
@@ -416,12 +415,17 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     )
 
 
+def _references(block: pd.DataFrame) -> pd.Series:
+    """The block's `reference` cells that name one (a leaderboard.csv read back gives "" or NaN for none)."""
+    keys = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
+    return keys[(keys != "") & (keys != "nan")]
+
+
 def _reference_label(block: pd.DataFrame, labels: Mapping[int, str]) -> str:
     """The page's name of the block's main reference setting: of the verdicts' `reference` column (a page
     name; a setting label in a leaderboard.csv written before names went there), the one most settings
     are compared with (of equals, the shortest name: the block's plain reference)."""
-    keys = block["reference"].dropna().astype(str) if "reference" in block else pd.Series(dtype=str)
-    keys = keys[(keys != "") & (keys != "nan")]
+    keys = _references(block)
     if len(keys):
         counts = keys.value_counts()
         main = min((k for k in counts.index if counts[k] == counts.max()), key=lambda k: (len(k), k))  # a tie: the plainest name

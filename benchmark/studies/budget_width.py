@@ -33,14 +33,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from dfbench.benchmark.report import verdicts as V  # noqa: E402
-from dfbench.benchmark.report.names import setting_names  # noqa: E402
+from dfbench.benchmark.report.names import is_baseline, setting_names  # noqa: E402
 
 COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds",
            "images_per_s"]
-
-
-def _is_true(value: object) -> bool:
-    return str(value).strip().lower() == "true"
 
 
 def speeds(runs_dir: Path) -> dict[str, float]:
@@ -70,8 +66,8 @@ def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "f
     runs = runs[runs[metric].notna()].copy()
     if not (runs[metric] > 0).all():
         raise ValueError(f"{metric} must be positive to compare on the log scale (a distance, a loss)")
+    runs["untrained"] = runs.apply(is_baseline, axis=1)
     runs["label"] = pd.Series(setting_names(runs.drop(columns=["cfg.model", "cfg.rounds"])), dtype=object)
-    runs["label"] = [f"untrained ({r['method']})" if _is_true(r["baseline"]) else r["label"] for _, r in runs.iterrows()]
     log = np.log(runs[metric].astype(float))
     rows = []
     for (model, rounds, label), grp in runs.groupby(["cfg.model", "cfg.rounds", "label"], sort=True):
@@ -79,8 +75,8 @@ def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "f
         seeds = [int(s) for s in grp["seed"]]
         values = grp[metric].astype(float).tolist()
         collapsed = collapse_seeds = math.nan
-        if not _is_true(grp["baseline"].iloc[0]) and label != reference:
-            floor = runs[(runs["cfg.model"] == model) & runs["baseline"].map(_is_true)].set_index("seed")
+        if not grp["untrained"].iloc[0] and label != reference:
+            floor = runs[(runs["cfg.model"] == model) & runs["untrained"]].set_index("seed")
             ref = runs[(runs["cfg.model"] == model) & (runs["cfg.rounds"] == rounds) & (runs["label"] == reference)]
             ref = ref.set_index("seed")
             both = [s for s in seeds if s in floor.index and s in ref.index]
