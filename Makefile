@@ -101,7 +101,8 @@ bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simu
 	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers --claims benchmark/grid/builtin/cpu-stragglers.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-stragglers && exit $$status
 
 bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
 	@# one torch thread per worker, as for the committed numbers
@@ -112,14 +113,16 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 
 bench-cpu-experts: $(VENV)/.installed ## DDM's routing claim: top-1 vs the full mixture of the same K = 2 experts on paper-fmnist's CPU recipe, 6 seeds (~25 min on 2 cores), results in results/cpu-experts/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-experts --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims benchmark/grid/builtin/cpu-experts.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims benchmark/grid/builtin/cpu-experts.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-experts && exit $$status
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
 	@# held-out seed 7 (the comments of benchmark/grid/builtin/cpu-privacy.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims benchmark/grid/builtin/cpu-privacy.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && exit $$status
+	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-privacy && exit $$status
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it

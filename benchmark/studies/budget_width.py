@@ -34,30 +34,16 @@ import pandas as pd  # noqa: E402
 
 from dfbench.benchmark.report import verdicts as V  # noqa: E402
 from dfbench.benchmark.report.names import is_baseline, setting_names  # noqa: E402
+from dfbench.benchmark.studies.speed import speeds  # noqa: E402
 
 COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds",
            "images_per_s"]
 
 
-def speeds(runs_dir: Path) -> dict[str, float]:
-    """run_id -> training speed, client images per second of training wall time (metrics.json's
-    client_images / train_wall_seconds), for every run folder under `runs_dir` that records both."""
-    out: dict[str, float] = {}
-    for path in sorted(Path(runs_dir).rglob("metrics.json")):
-        try:
-            m = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        images, seconds = m.get("client_images"), m.get("train_wall_seconds")
-        if isinstance(images, (int, float)) and isinstance(seconds, (int, float)) and images > 0 and seconds > 0:
-            out[path.parent.name] = float(images) / float(seconds)  # the folder is named by the run id
-    return out
-
-
 def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "fedavg",
               speed: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per network x rounds x setting (the untrained model as rounds 0), in that order;
-    `speed` (run_id -> images/s, `speeds`) gives each trained row its median over the seeds."""
+    `speed` (run_id -> images/s, `studies.speed.speeds`) gives each trained row its median over the seeds."""
     need = {"method", "seed", "baseline", "cfg.model", "cfg.rounds", metric}
     missing = sorted(need - set(runs.columns))
     if missing:
