@@ -91,3 +91,18 @@ def test_the_number_check_catches_a_typo(tmp_path):
     text = _outside_blocks("FedAvg 144.7, `lr 1e-3 0.5`, small28 has 267,313 parameters, 1.5 M (ICML 2025).")
     assert sorted(set(NUMBER.findall(text))) == ["1.5", "144.7", "2025", "267,313"]
     assert _is_year("2025") and not _is_year("1500.5") and not _is_year("3000")
+
+
+@pytest.mark.parametrize("study", [r.parent for r in READMES if (r.parent / "runs.csv").is_file()], ids=lambda p: p.name)
+def test_every_trained_setting_of_a_committed_leaderboard_has_a_paired_verdict(study):
+    """Every block of a study reported under the verdicts compares its settings with a reference seed by seed:
+    no trained setting is left without a verdict (a block of FedAvg variants used to read all "reference")."""
+    table = pd.read_csv(study / "leaderboard.csv")
+    trained = table[table["baseline"].astype(str).str.lower() != "true"]
+    for (dataset, partition), block in trained.groupby(["dataset", "partition"]):
+        verdicts = block["verdict"].fillna("").astype(str)
+        allowed = {"reference", "better", "worse", "equivalent", "inconclusive", "unpaired"}
+        assert set(verdicts) <= allowed, f"{study.name} {dataset}/{partition}: settings without a verdict: {sorted(set(verdicts) - allowed)}"
+        compared = verdicts[verdicts != "reference"]
+        assert len(compared) >= (verdicts == "reference").sum(), (
+            f"{study.name} {dataset}/{partition}: more reference settings than settings compared with one")
