@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast demo leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf gpu-check clean-demo
+.PHONY: help install test test-fast demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -30,17 +30,32 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed ## create .venv and install dfbench with its test extras
 
-test: $(VENV)/.installed ## run the test suite (CPU, a few minutes)
+test: $(VENV)/.installed data-fmnist ## run the test suite (CPU, a few minutes)
 	$(BIN)/python -m pytest tests
 
-test-fast: $(VENV)/.installed ## the unit tier: every test not marked slow (under 2 minutes on 2 cores)
+test-fast: $(VENV)/.installed data-fmnist ## the unit tier: every test not marked slow (under 2 minutes on 2 cores)
 	$(BIN)/python -m pytest -m "not slow" tests
 
-demo: $(VENV)/.installed ## small Fashion-MNIST benchmark of every method + untrained baseline, report in results/demo/
+demo: $(VENV)/.installed data-fmnist ## set up .venv, train every method family + the untrained model on Fashion-MNIST (~5 min on 2 cores), page in results/demo/, compared with the committed one
+	@echo "make demo: 10 cells (9 method families + the untrained model), 2 workers of one torch thread;"
+	@echo "  about 5 min on a 2-core CPU (the committed reference took 4-6). Page: results/demo/leaderboard.html"
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	@# one torch thread per worker, as for the committed numbers (CPU results depend on the thread count)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid demo --workers $(CPU_WORKERS) --out results/demo/runs --device $(DEVICE); status=$$?; \
-	$(BIN)/dfbench report --runs results/demo/runs --out results/demo --claims benchmark/grid/builtin/demo.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/demo/runs --out results/demo --claims benchmark/grid/builtin/demo.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.reproduce results/demo results/demo/reference && exit $$status
+	@echo "Next, in a new shell: source .venv/bin/activate, then e.g. dfbench methods (README: Usage)"
+
+# Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
+# path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.
+data-fmnist: $(VENV)/.installed ## Fashion-MNIST for demo and test: the Debian package dataset-fashion-mnist where apt-get works
+	@$(BIN)/python -c "import sys; from dfbench.datasets.sources import missing; sys.exit(any(missing('fmnist', s) for s in ('train', 'test')))" && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "Fashion-MNIST not found: installing the Debian package dataset-fashion-mnist"; \
+	  apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null; }; \
+	else \
+	  echo "Fashion-MNIST not found. Install it with: sudo apt-get install dataset-fashion-mnist (Debian/Ubuntu), or where there is internet: $(BIN)/dfbench fetch fmnist. Then run make again." >&2; exit 1; \
+	fi
 
 leaderboard: $(VENV)/.installed ## report (leaderboard md/csv/html, plots, mosaics) over $(RUNS) into results/
 	$(BIN)/dfbench report --runs $(RUNS) --out results
@@ -159,5 +174,5 @@ perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 gpu-check: ## on a CUDA machine: smoke runs, CUDA-only flags + determinism, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min; runs this checkout uninstalled, pip-installs missing deps; PYTHON=... picks the interpreter)
 	scripts/gpu_check.sh
 
-clean-demo: ## delete the demo's run folders (keeps nothing of results/demo)
-	rm -rf results/demo
+clean-demo: ## delete what make demo wrote (its run folders and page); the committed reference stays
+	find results/demo -mindepth 1 -maxdepth 1 ! -name README.md ! -name reference -exec rm -rf {} +

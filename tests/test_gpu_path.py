@@ -72,7 +72,7 @@ def test_a_generator_lives_on_the_runs_device_and_cpu_runs_draw_as_before(tiny_d
 
 
 @pytest.mark.parametrize("study,csv", [
-    ("demo", "results/demo/leaderboard.csv"),
+    ("demo", "results/demo/reference/leaderboard.csv"),
     ("paper-fmnist", "results/paper-fmnist/leaderboard.csv"),
     ("cpu-aggregation", "results/cpu-aggregation/leaderboard.csv"),
     ("cpu-aggregation-tune", "results/cpu-aggregation/tune/leaderboard.csv"),

@@ -15,7 +15,7 @@ from dfbench.benchmark.report import claims as C
 from dfbench.benchmark.studies import claims as study_claims
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = sorted((ROOT / "results").glob("*/README.md"))
+READMES = sorted([*(ROOT / "results").glob("*/README.md"), *(ROOT / "results").glob("*/reference/README.md")])
 NUMBERS_MARKER = "<!-- numbers: from csv -->"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d{4,})(?![\w.]*\d)")
 

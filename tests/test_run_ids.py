@@ -97,7 +97,7 @@ def test_a_stored_config_from_before_the_later_fields_keeps_its_id():
 # Every committed study: its grid, expanded by today's planner, gives exactly the run ids its
 # leaderboard lists (no more, no fewer).
 STUDIES = [
-    ("demo", "results/demo/leaderboard.csv"),
+    ("demo", "results/demo/reference/leaderboard.csv"),
     ("paper-fmnist", "results/paper-fmnist/leaderboard.csv"),
     ("paper-fmnist-rules", "results/paper-fmnist/rules/leaderboard.csv"),
     ("cpu-aggregation", "results/cpu-aggregation/leaderboard.csv"),

@@ -1,0 +1,138 @@
+"""How many of a committed page's scores a fresh run of the same grid equals (`make demo`'s last line).
+
+    python -m dfbench.benchmark.studies.reproduce FRESH_DIR REFERENCE_DIR
+
+Both folders hold a report's `runs.csv` (one row per run, `dfbench report` writes it) and the run
+folders under `runs/`. Runs are matched by run id (the id is a hash of the config, so the same
+grid cell has the same id on any machine); every score column of the reference (a column with
+`__lo` / `__hi` interval companions, e.g. `fd_fmnist`) is compared exactly, as written. The line
+says how many scores are equal, the largest difference where one is not, and which machines made
+the two runs: on another CPU the kernels round differently and training amplifies it, so a
+difference is reported, never an error. Exit status: 0, or 1 when a reference run has no fresh run
+(the grid did not finish) or a folder has no runs.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from dfbench.benchmark.core import runfolder
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """What `compare` found: scores compared and equal, runs missing, the largest difference."""
+
+    compared: int
+    equal: int
+    missing_runs: tuple[str, ...]
+    worst: tuple[str, str, float, float] | None  # (setting, metric, reference, fresh) of the largest relative difference
+    reference_machines: tuple[str, ...]
+    fresh_machines: tuple[str, ...]
+
+
+def score_columns(frame: pd.DataFrame) -> list[str]:
+    """The score columns of a runs.csv: those written with their interval (`X__lo`, `X__hi`)."""
+    return [c for c in frame.columns if f"{c}__lo" in frame.columns and f"{c}__hi" in frame.columns]
+
+
+def _same(a: float, b: float) -> bool:
+    both_missing = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return both_missing or a == b
+
+
+def machines(runs_dir: Path) -> tuple[str, ...]:
+    """The distinct `environment.hardware` records of the run folders under `runs_dir` (sorted)."""
+    found: set[str] = set()
+    for metrics in sorted(runs_dir.rglob(runfolder.METRICS)):
+        try:
+            hardware = runfolder.read_json(metrics).get("environment", {}).get("hardware")
+        except (OSError, ValueError):
+            continue  # an unreadable record names no machine; the scores are compared from runs.csv
+        if hardware:
+            found.add(str(hardware))
+    return tuple(sorted(found))
+
+
+def compare(fresh: pd.DataFrame, reference: pd.DataFrame) -> tuple[int, int, tuple[str, ...], tuple[str, str, float, float] | None]:
+    """(scores compared, of them equal, reference run ids with no fresh row, largest relative difference)."""
+    fresh_by_id = fresh.set_index("run_id")
+    columns = [c for c in score_columns(reference) if c in fresh.columns]
+    compared = equal = 0
+    missing: list[str] = []
+    worst: tuple[str, str, float, float] | None = None
+    worst_rel = -1.0
+    for _, ref in reference.iterrows():
+        if ref["run_id"] not in fresh_by_id.index:
+            missing.append(f"{ref['setting']} ({ref['run_id']})")
+            continue
+        new = fresh_by_id.loc[ref["run_id"]]
+        for column in columns:
+            a, b = float(ref[column]), float(new[column])
+            if math.isnan(a) and math.isnan(b):
+                continue  # a metric neither run has (not applicable to this method)
+            compared += 1
+            if _same(a, b):
+                equal += 1
+                continue
+            rel = abs(b - a) / abs(a) if a not in (0.0,) and not math.isnan(a) and not math.isnan(b) else math.inf
+            if rel > worst_rel:
+                worst_rel, worst = rel, (str(ref["setting"]), column, a, b)
+    return compared, equal, tuple(missing), worst
+
+
+def reproduce(fresh_dir: Path, reference_dir: Path) -> Reproduction:
+    """Compare `fresh_dir`/runs.csv with `reference_dir`/runs.csv (FileNotFoundError when one is missing)."""
+    tables = []
+    for folder in (fresh_dir, reference_dir):
+        path = folder / "runs.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: run `dfbench report --runs {folder / 'runs'} --out {folder}` first")
+        tables.append(pd.read_csv(path))
+    compared, equal, missing, worst = compare(*tables)
+    return Reproduction(compared, equal, missing, worst, machines(reference_dir / "runs"), machines(fresh_dir / "runs"))
+
+
+def describe(r: Reproduction, reference_dir: Path) -> str:
+    """The reproduction line(s) a user reads at the end of `make demo`."""
+    lines = [f"reproduction: {r.equal} of {r.compared} scores equal the committed page's ({reference_dir}/runs.csv)"
+             + (" bit for bit" if r.equal == r.compared else "")]
+    if r.worst is not None:
+        setting, metric, a, b = r.worst
+        change = f"{(b - a) / a:+.1%}" if a else "n/a"
+        lines.append(f"  largest difference: {metric} of {setting}: {a:.6g} committed, {b:.6g} now ({change})")
+    if r.missing_runs:
+        lines.append(f"  {len(r.missing_runs)} committed run(s) have no fresh run: {', '.join(r.missing_runs)}")
+    ref_m, new_m = ", ".join(r.reference_machines) or "unrecorded", ", ".join(r.fresh_machines) or "unrecorded"
+    if r.equal < r.compared:
+        if set(r.reference_machines) != set(r.fresh_machines):
+            lines.append(f"  the committed page was made on {ref_m}; this run on {new_m}: another CPU's kernels round "
+                         "differently and training amplifies it, so compare scores from one machine only")
+        else:
+            lines.append(f"  both on {new_m}: the same machine type should give the same scores; "
+                         "please report this difference with both runs.csv files")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.reproduce", description=__doc__.split("\n")[0])
+    p.add_argument("fresh", type=Path, help="the fresh report's folder (runs.csv, runs/), e.g. results/demo")
+    p.add_argument("reference", type=Path, help="the committed reference's folder, e.g. results/demo/reference")
+    args = p.parse_args(argv)
+    try:
+        r = reproduce(args.fresh, args.reference)
+    except FileNotFoundError as err:
+        print(f"reproduction: {err}", file=sys.stderr)
+        return 1
+    print(describe(r, args.reference))
+    return 1 if r.missing_runs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

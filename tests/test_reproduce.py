@@ -1,0 +1,66 @@
+"""`make demo`'s reproduction line: scores matched by run id, compared exactly, the largest difference named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from dfbench.benchmark.studies import reproduce as R
+
+
+def _runs_csv(folder: Path, rows: list[dict], hardware: str) -> None:
+    folder.mkdir(parents=True)
+    pd.DataFrame(rows).to_csv(folder / "runs.csv", index=False)
+    for row in rows:
+        run = folder / "runs" / row["run_id"]
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"environment": {"hardware": hardware}}))
+
+
+def _row(run_id: str, setting: str, fd: float, loss: float | None) -> dict:
+    return {"run_id": run_id, "setting": setting, "fd_fmnist": fd, "fd_fmnist__lo": fd - 1, "fd_fmnist__hi": fd + 1,
+            "denoise_loss": loss, "denoise_loss__lo": loss, "denoise_loss__hi": loss, "wall_seconds": 12.0}
+
+
+def test_equal_scores_are_counted_and_said_bit_for_bit(tmp_path: Path) -> None:
+    # prepare: the same two runs on the same machine
+    rows = [_row("s0-a", "fedavg", 236.0, 0.5), _row("s0-b", "untrained", 816.8, None)]
+    _runs_csv(tmp_path / "fresh", rows, "CPU X, 2 cores")
+    _runs_csv(tmp_path / "ref", rows, "CPU X, 2 cores")
+    # execute
+    r = R.reproduce(tmp_path / "fresh", tmp_path / "ref")
+    line = R.describe(r, tmp_path / "ref")
+    # assert: 3 scores (a metric neither run has is not a score), all equal; wall time is no score
+    assert (r.compared, r.equal, r.worst, r.missing_runs) == (3, 3, None, ())
+    assert "3 of 3 scores equal" in line and "bit for bit" in line
+    assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 0
+
+
+def test_a_difference_names_the_largest_and_both_machines(tmp_path: Path) -> None:
+    # prepare: top-k moved by 1 %, fedavg by 0.1 %; another CPU made the fresh runs
+    _runs_csv(tmp_path / "ref", [_row("s0-a", "fedavg", 200.0, 0.5), _row("s0-c", "topk", 400.0, 0.6)], "AMD EPYC, 2 cores")
+    _runs_csv(tmp_path / "fresh", [_row("s0-a", "fedavg", 200.2, 0.5), _row("s0-c", "topk", 404.0, 0.6)], "Intel Xeon, 2 cores")
+    # execute
+    r = R.reproduce(tmp_path / "fresh", tmp_path / "ref")
+    line = R.describe(r, tmp_path / "ref")
+    # assert
+    assert (r.compared, r.equal) == (4, 2)
+    assert r.worst == ("topk", "fd_fmnist", 400.0, 404.0)
+    assert "+1.0%" in line and "AMD EPYC, 2 cores" in line and "Intel Xeon, 2 cores" in line
+    assert "round differently" in line
+    assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 0  # another CPU: said, not failed
+
+
+def test_a_reference_run_without_a_fresh_run_fails(tmp_path: Path, capsys) -> None:
+    _runs_csv(tmp_path / "ref", [_row("s0-a", "fedavg", 200.0, 0.5), _row("s0-c", "topk", 400.0, 0.6)], "CPU X")
+    _runs_csv(tmp_path / "fresh", [_row("s0-a", "fedavg", 200.0, 0.5)], "CPU X")
+    assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 1
+    assert "1 committed run(s) have no fresh run: topk (s0-c)" in capsys.readouterr().out
+
+
+def test_a_missing_runs_csv_says_how_to_make_it(tmp_path: Path, capsys) -> None:
+    (tmp_path / "ref").mkdir()
+    assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 1
+    assert "dfbench report --runs" in capsys.readouterr().err
