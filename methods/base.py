@@ -258,6 +258,14 @@ class Method:
     # Methods that differ only in a rule share a family (e.g. the four server optimizers): the
     # demo grid covers every family, the full grid every method. Default: the method's own name.
     family: ClassVar[str | None] = None
+    #: Hyperparameters a report names in every row, even at their default: the knob that sets the
+    #: method's operating point (pruning's keep_ratio, quantization's bits), so a reader never has
+    #: to know a default to tell two methods' rows apart (benchmark/report/names.py).
+    headline_params: ClassVar[tuple[str, ...]] = ()
+    #: The plain method every other is compared with when a report names no reference (FedAvg):
+    #: the paired verdicts' default reference and the leaderboard's "uplink vs" column. One
+    #: registered method declares it (on its own class: a subclass does not inherit the role).
+    reference: ClassVar[bool] = False
 
     @dataclass(frozen=True)
     class Config:

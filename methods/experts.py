@@ -113,6 +113,8 @@ def assign_experts(num_experts: int, partition_spec: str, cluster_of_client: np.
 class Experts(Method):
     """K isolated experts (one per data cluster), a router trained after training, mixing in velocity space."""
 
+    headline_params = ("num_experts", "mixing")
+
     capabilities = Capabilities(
         midway_sampling=False,  # the mixture samples through the router, which finalize() trains after the last round
         mean_aggregation=False,  # its router is trained on the clients' data after the last round, outside any sum

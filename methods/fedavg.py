@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 class FedAvg(Method):
     """Full model on every client; the server takes the sample-size-weighted mean of the updates."""
 
+    reference = True  # what every other method is compared with by default
+
     @dataclass(frozen=True)
     class Config:
         pass
@@ -25,6 +27,8 @@ class FedAvg(Method):
 @register_method("fedprox")
 class FedProx(Method):
     """FedAvg plus the proximal term mu/2 * ||w - w_global||^2 in each client's local loss."""
+
+    headline_params = ("mu",)
 
     @dataclass(frozen=True)
     class Config:

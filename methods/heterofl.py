@@ -233,6 +233,8 @@ def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubMo
 class HeteroFL(Method):
     """Each client trains the leading channels of every layer: a real narrower UNet."""
 
+    headline_params = ("rate",)
+
     capabilities = Capabilities(needs="it trains narrower networks, and the vmapped step runs the full model")
 
     @dataclass(frozen=True)

@@ -132,6 +132,8 @@ def power_step(M: torch.Tensor, Q: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 class PowerSGD(CompressedUpdate):
     """FedAvg with rank-r PowerSGD uplink updates (warm-started Q per client), error feedback on by default."""
 
+    headline_params = ("rank",)
+
     capabilities = Capabilities(several_ranks=False,  # Q is per-client memory (always), clients move between ranks
                                 needs="it keeps each client's warm-start Q across rounds")
 

@@ -232,6 +232,8 @@ class PruneConfig:
 class _SubModelPruning(Method):
     """Shared mechanics: per-client keep ratio, masked start point, bit and FLOP accounting."""
 
+    headline_params = ("keep_ratio",)
+
     def __init__(self, config: PruneConfig) -> None:
         super().__init__(config)
         self.masked_mean = config.masked_mean

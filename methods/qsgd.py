@@ -75,6 +75,8 @@ def qsgd_decode(norms: torch.Tensor, signed_levels: torch.Tensor, seg: torch.Ten
 class QSGD(CompressedUpdate):
     """FedAvg with QSGD-quantised uplink updates (s levels per tensor, L2 norm), unbiased."""
 
+    headline_params = ("levels",)
+
     @dataclass(frozen=True)
     class Config:
         levels: int = 15  # s: 4 bits for xi + 1 sign bit per entry

@@ -46,6 +46,7 @@ class Quantized(Method):
     """FedAvg with b-bit uniform min-max quantised uplink updates (per tensor)."""
 
     family: ClassVar[str | None] = "compression"  # with topk_update, signsgd, qsgd, powersgd
+    headline_params = ("bits",)
 
     @dataclass(frozen=True)
     class Config:

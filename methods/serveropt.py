@@ -73,6 +73,8 @@ class _ServerOptimizer(Method):
 class FedAvgM(_ServerOptimizer):
     """Server momentum: m <- beta m + Delta; x <- x + eta m."""
 
+    headline_params = ("momentum",)
+
     @dataclass(frozen=True)
     class Config:
         server_lr: float = 1.0
@@ -112,6 +114,8 @@ class AdaptiveConfig:
 
 
 class _Adaptive(_ServerOptimizer):
+    headline_params = ("server_lr",)
+
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         """v_t from v_{t-1} and Delta_t^2 (float64)."""
         raise NotImplementedError

@@ -78,6 +78,8 @@ def kept_mask(m: torch.Tensor, numels: Sequence[int], fraction: float, scope: st
 class TopKUpdate(CompressedUpdate):
     """FedAvg with top-k sparsified uplink updates (per tensor or global), error feedback on by default."""
 
+    headline_params = ("fraction",)
+
     @dataclass(frozen=True)
     class Config:
         fraction: float = 0.01  # of the entries kept (per tensor, or of the whole vector)
