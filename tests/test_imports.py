@@ -5,8 +5,8 @@ configuration, the run-folder format, the method protocol and the methods, which
 engine only through RunContext); metrics; tracking (experiment trackers); engine; grid; report (the
 leaderboard); studies (the tools of one study each: paired tests, frontier, privacy, time to quality,
 the paper's figures, metric calibration; they read what report reads); the fronts (cli, api,
-perf, the top-level dfbench API). A module imports only from its own layer or below; the one
-exception is an old name kept for one release (`MOVED`), which imports only its new home.
+perf, the top-level dfbench API). A module imports only from its own layer or below, with no
+exception.
 
 The graph is built statically (``ast`` over the package files, relative imports
 resolved against the installed names: ``dfbench.benchmark`` is the folder
@@ -59,18 +59,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dfbench", "dfbench.benchmark", "dfbench.benchmark.cli", "dfbench.benchmark.api", "dfbench.benchmark.run_flags",
      "dfbench.benchmark.perf", "dfbench.benchmark.__main__", "dfbench.__main__"),
 )
-
-
-# Old module names kept for one release: each is a thin module that warns (DeprecationWarning) and hands
-# over the module it moved to. That one edge is no upward dependency; an alias may import nothing else.
-MOVED: dict[str, str] = {f"dfbench.benchmark.report.{name}": f"dfbench.benchmark.studies.{name}"
-                         for name in ("paired", "frontier", "privacy", "paper_figures", "time_to_quality", "study_cli")}
-
-
-def without_moved(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """`graph` without the edges from each old name (`MOVED`) to its new home (and the package on the way)."""
-    return {name: targets - {MOVED[name], MOVED[name].rpartition(".")[0]} if name in MOVED else targets
-            for name, targets in graph.items()}
 
 
 def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
@@ -305,7 +293,7 @@ def test_no_module_imports_a_layer_above_its_own(late: bool) -> None:
     for name in graph:
         layer_of(name)
     assert "dfbench.benchmark.engine.training" in graph and "dfbench.methods.base" in graph  # the real tree
-    bad = upward_imports(without_moved(graph))
+    bad = upward_imports(graph)
     assert not bad, "imports from a higher layer:\n  " + "\n  ".join(bad)
 
 
@@ -326,31 +314,3 @@ def test_the_layer_test_fails_on_an_upward_import(tmp_path: Path) -> None:
     graph["dfbench.benchmark.core.config"] = imported_modules("dfbench.benchmark.core.config", planted, known, late=True)
     bad = upward_imports(graph)
     assert any("dfbench.benchmark.core.config (layer 1) imports dfbench.benchmark.report.build" in b for b in bad), bad
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_module_name_warns_and_is_its_new_module(old: str) -> None:
-    """`import dfbench.benchmark.report.paired` works for one release: a DeprecationWarning naming the new
-    path, and the same module object (every name, monkeypatching included); the alias imports nothing else."""
-    import importlib
-    import warnings
-
-    new = MOVED[old]
-    graph = _strip_package_parents(import_graph(late=True))
-    assert graph[old] - {"dfbench", "dfbench.benchmark", "dfbench.benchmark.studies", "dfbench.benchmark.report",
-                         "dfbench.benchmark.report.deprecated"} == {new}
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
-
-
-@pytest.mark.slow
-def test_an_old_study_path_still_runs_with_python_m() -> None:
-    """`python -m dfbench.benchmark.report.paired --help` runs the moved tool and says where it went."""
-    result = subprocess.run([sys.executable, "-m", "dfbench.benchmark.report.paired", "--help"], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "--reference" in result.stdout and "dfbench.benchmark.studies.paired" in result.stderr

@@ -190,21 +190,6 @@ def test_a_grid_method_spec_with_the_old_name_gives_the_new_names_run_id(tmp_pat
     assert old == new and len(new) == 1
 
 
-# -- modules: core/runfolder.py is the run-folder format, report/run_records.py (was report/run_folders.py)
-# the reporter's reader ------------------------------------------------------------------------------------
-
-def test_the_readers_old_module_path_warns_and_is_the_new_module():
-    import importlib
-    import sys
-
-    from dfbench.benchmark.report import run_records
-
-    sys.modules.pop("dfbench.benchmark.report.run_folders", None)
-    with pytest.warns(DeprecationWarning, match="report.run_folders moved to dfbench.benchmark.report.run_records"):
-        old = importlib.import_module("dfbench.benchmark.report.run_folders")
-    assert old is run_records and old.load_runs is run_records.load_runs
-
-
 def test_the_command_line_takes_old_names_and_says_the_new_ones(capsys):
     from dfbench.benchmark.cli import main
 

@@ -1,8 +1,7 @@
 """Reading run folders into run records: one ``RunRecord`` per finished run, one ``RunFailure`` per anything else.
 
-(Named report/run_folders.py before, beside core/runfolder.py: that module is the run-folder *format*,
-its file names and status, written by the engine; this one is the reporter's *reader*. The old import
-path works for one release and warns.)
+(Beside core/runfolder.py: that module is the run-folder *format*, its file names and status, written
+by the engine; this one is the reporter's *reader*.)
 
 The reporter only reads run folders (``config.json``, ``status.json``,
 ``metrics.json`` with ``rescored.json`` and ``drift.json`` beside it, ``rounds.jsonl``, ``grid.png``:
