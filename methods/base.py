@@ -91,7 +91,7 @@ class ServerState:
         return self.extra.get(key, {}).get(client)
 
     def set_client_state(self, key: str, client: int, value: Any) -> None:
-        """Keep `value` for `client` across rounds (checkpointed in extra[key][client])."""
+        """Keep `value` for `client` across rounds (checkpointed in `extra[key][client]`)."""
         self.extra.setdefault(key, {})[client] = value
 
 
