@@ -58,14 +58,11 @@ protocol instead of leaking into the round):
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import numpy as np
 import torch
-
-from dfbench.benchmark.core.parsing import deprecated_key
 
 if TYPE_CHECKING:
     from torch import nn
@@ -238,18 +235,6 @@ class Capabilities:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is False]
 
 
-CAPABILITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Capabilities))
-
-
-class _Declared:
-    """The old one-attribute spelling of a capability, read from the class's `capabilities`."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type) -> Any:
-        return getattr(owner.capabilities, self.name)
-
 
 class Method:
     """Base class: FedAvg behaviour. Subclasses override only what differs."""
@@ -271,14 +256,8 @@ class Method:
     class Config:
         pass
 
-    #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean; was `aggregation`)
+    #: "covered" or "zero_fill" — how masked updates are averaged (see masked_weighted_mean)
     masked_mean: str = "covered"
-
-    @property
-    def aggregation(self) -> str:
-        """The old name of `masked_mean`, read for one release ("aggregation" is the server step in general)."""
-        deprecated_key("Method.aggregation", "Method.masked_mean")
-        return self.masked_mean
 
     # -- capabilities (declared; refused before any data is loaded) -------------------------
     #: What the method can and cannot do, as ONE value (see `Capabilities`); a subclass declares
@@ -286,36 +265,11 @@ class Method:
     #: derives it from its parent's (``dataclasses.replace(Parent.capabilities, ...)``).
     capabilities: ClassVar[Capabilities] = Capabilities()
 
-    # The old spelling, one attribute per capability, read for one more release (derived from
-    # `capabilities`); a class that still sets them is folded into `capabilities` with a warning.
-    batched_clients: ClassVar[bool] = _Declared("batched_clients")  # type: ignore[assignment]
-    several_ranks: ClassVar[bool] = _Declared("several_ranks")  # type: ignore[assignment]
-    midway_sampling: ClassVar[bool] = _Declared("midway_sampling")  # type: ignore[assignment]
-    asynchronous: ClassVar[bool] = _Declared("asynchronous")  # type: ignore[assignment]
-    mean_aggregation: ClassVar[bool] = _Declared("mean_aggregation")  # type: ignore[assignment]
-    needs: ClassVar[str] = _Declared("needs")  # type: ignore[assignment]
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "aggregation" in cls.__dict__ and not isinstance(cls.__dict__["aggregation"], property):
-            # the old name of `masked_mean` (one release): folded into it, with the warning naming it
-            cls.masked_mean = cls.__dict__["aggregation"]
-            delattr(cls, "aggregation")
-            deprecated_key(f"{cls.__name__}.aggregation", f"{cls.__name__}.masked_mean")
         own = cls.__dict__.get("capabilities")
         if own is not None and not isinstance(own, Capabilities):
             raise TypeError(f"{cls.__qualname__}.capabilities must be a methods.Capabilities, not {type(own).__name__}")
-        old = {name: cls.__dict__[name] for name in CAPABILITY_FIELDS
-               if name in cls.__dict__ and not isinstance(cls.__dict__[name], _Declared)}
-        if not old:
-            return
-        for name in old:  # the alias reads the folded value from now on
-            delattr(cls, name)
-        cls.capabilities = dataclasses.replace(cls.capabilities, **old)  # own, or inherited through the MRO
-        spelled = ", ".join(f"{k}={v!r}" for k, v in old.items())
-        warnings.warn(f"{cls.__qualname__} declares {', '.join(old)} as class attributes; declare them as one value "
-                      f"instead: capabilities = Capabilities({spelled}) (from dfbench.methods import Capabilities). "
-                      "The old spelling is read for one more release.", DeprecationWarning, stacklevel=2)
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -170,61 +169,34 @@ def test_fedbuff_hooks_see_the_round_they_train_for_and_the_server_step_they_app
 
 # -- capabilities ----------------------------------------------------------------------------------
 
-def test_capabilities_are_one_value_and_the_old_names_read_it():
+def test_capabilities_are_one_value():
     scaffold = methods.get_method_class("scaffold")
     assert isinstance(scaffold.capabilities, Capabilities)
     assert scaffold.capabilities.refused() == ["batched_clients", "several_ranks", "asynchronous", "mean_aggregation"]
-    for f in dataclasses.fields(Capabilities):  # the old attribute names, read for one more release
-        assert getattr(scaffold, f.name) == getattr(scaffold.capabilities, f.name)
-        assert getattr(methods.Method, f.name) == f.default
     assert methods.Method.capabilities == Capabilities()
     assert methods.get_method_class("fedavg").capabilities == Capabilities()
     with pytest.raises(dataclasses.FrozenInstanceError):
         scaffold.capabilities.several_ranks = True  # type: ignore[misc]
 
 
-def test_a_method_in_the_new_spelling_raises_no_warning():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+def test_a_declared_capability_is_enforced_and_a_subclass_derives_from_its_parent(tiny_data):
+    class Mine(_Spy):
+        capabilities = Capabilities(several_ranks=False, needs="it keeps a memory")
 
-        class New(methods.Method):
-            capabilities = Capabilities(several_ranks=False, needs="it keeps a memory")
-
-    assert New.several_ranks is False and New.batched_clients is True
-
-
-def test_an_old_style_method_class_still_works_with_a_warning_naming_the_new_spelling(tiny_data):
-    with pytest.warns(DeprecationWarning, match=r"capabilities = Capabilities\(several_ranks=False, needs='it keeps a memory'\)"):
-
-        class Old(_Spy):
-            several_ranks = False
-            needs = "it keeps a memory"
-
-    # folded into one value; the old names read it
-    assert Old.capabilities == Capabilities(several_ranks=False, needs="it keeps a memory")
-    assert Old.several_ranks is False and Old.needs == "it keeps a memory" and Old.batched_clients is True
-    assert "several_ranks" not in vars(Old)  # the alias reads `capabilities` again
-    # enforced like a declared capability
     cfg = tiny_config()
-    Old.check(Old.Config(), cfg, world=1)
+    Mine.check(Mine.Config(), cfg, world=1)
     with pytest.raises(ValueError, match=r"needs a single process \(world size 1, here 2\) \(it keeps a memory\)"):
-        Old.check(Old.Config(), cfg, world=2)
-    # and it runs a round
+        Mine.check(Mine.Config(), cfg, world=2)
     ctx = build_context(cfg, data=tiny_data)
-    method = Old()
+    method = Mine()
     new, row = train_round(method, method.init_state(ctx.init_params, ctx), ctx, 1)
     assert row["clients"] and torch.isfinite(new.params).all()
-
-
-def test_an_old_style_declaration_extends_what_it_inherits():
     experts = methods.get_method_class("experts")
-    with pytest.warns(DeprecationWarning, match="Capabilities"):
 
-        class MyExperts(experts):
-            needs = "mine"
+    class MyExperts(experts):
+        capabilities = dataclasses.replace(experts.capabilities, needs="mine")
 
-    assert MyExperts.capabilities == dataclasses.replace(experts.capabilities, needs="mine")
-    assert MyExperts.midway_sampling is False and experts.needs != "mine"
+    assert MyExperts.capabilities.midway_sampling is False and experts.capabilities.needs != "mine"
 
 
 def test_capabilities_must_be_a_capabilities_value_of_bools_and_a_reason():
@@ -236,8 +208,4 @@ def test_capabilities_must_be_a_capabilities_value_of_bools_and_a_reason():
     with pytest.raises(TypeError, match="Capabilities.several_ranks must be a bool"):
         Capabilities(several_ranks="no")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Capabilities.needs must be a str"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-
-            class OldBad(methods.Method):
-                needs = None  # folded into Capabilities, which refuses it
+        Capabilities(needs=None)  # type: ignore[arg-type]

@@ -198,15 +198,3 @@ def test_the_command_line_takes_old_names_and_says_the_new_ones(capsys):
                      "--set", "method.aggregation=zero_fill", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert '"leakage_metrics": true' in out and '"masked_mean": "zero_fill"' in out
-
-
-def test_method_aggregation_is_read_as_masked_mean_with_a_warning():
-    from dfbench import methods
-
-    m = methods.create_method("random_prune", masked_mean="zero_fill")
-    with pytest.warns(DeprecationWarning, match="'Method.aggregation'.*'Method.masked_mean'"):
-        assert m.aggregation == "zero_fill"
-    with pytest.warns(DeprecationWarning, match="OldStyle.aggregation'.*'OldStyle.masked_mean'"):
-        class OldStyle(methods.Method):  # a plugin that still declares the old class attribute
-            aggregation = "zero_fill"
-    assert OldStyle.masked_mean == "zero_fill" and OldStyle(None).masked_mean == "zero_fill"
