@@ -546,11 +546,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import warnings
-
-    # a renamed config key or hyperparameter (core/parsing.deprecated_key) tells the command line's user its new
-    # name (Python hides a DeprecationWarning raised inside a library by default)
-    warnings.filterwarnings("default", message=r"'.*' is deprecated and will be removed", category=DeprecationWarning)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(raw)
     try:

@@ -7,7 +7,7 @@ import fnmatch
 import typing
 from typing import Any, Callable, Mapping, TypeVar
 
-from dfbench.benchmark.core.parsing import ConfigError, coerce_value, deprecated_key
+from dfbench.benchmark.core.parsing import coerce_value
 
 from .base import Method
 
@@ -53,49 +53,36 @@ def get_method_class(name: str) -> type[Method]:
     return _REGISTRY[name]
 
 
-def renamed(default: Any, *, was: str) -> Any:
-    """A method Config field renamed from `was` (one word, one meaning): `method.<was>` is accepted for
-    one release with a DeprecationWarning naming the new name, an old run's config.json reads back, and
-    the run id hashes the field under `was` (`hashed_params`), so no published id moves."""
-    return dataclasses.field(default=default, metadata={"renamed_from": was})
+#: the metadata key of a method Config field's name in run ids (`hashed_as`)
+HASH_NAME = "hash_name"
 
 
-def renamed_params(name: str) -> dict[str, str]:
-    """Old hyperparameter name -> its new name, for method `name` (empty for an unknown method)."""
+def hashed_as(default: Any, name: str) -> Any:
+    """A method Config field that the run id hashes under `name`, the name it had when run ids were published
+    (a hyperparameter renamed since): so no published id moves. Nothing else reads the old name."""
+    return dataclasses.field(default=default, metadata={HASH_NAME: name})
+
+
+def hash_names(name: str) -> dict[str, str]:
+    """Hyperparameter -> the name the run id hashes it under, for each of method `name`'s fields declared with
+    `hashed_as` (empty for an unknown method): the method's part of the run-id rename map."""
     cls = _REGISTRY.get(name)
     if cls is None:
         return {}
-    return {f.metadata["renamed_from"]: f.name for f in dataclasses.fields(cls.Config) if "renamed_from" in f.metadata}
-
-
-def upgrade_params(name: str, params: Mapping[str, Any], *, warn: bool = True, stacklevel: int = 4) -> dict[str, Any]:
-    """`params` with every renamed hyperparameter under its new name (warned about unless `warn` is false);
-    naming one by both names is refused."""
-    old_to_new, out = renamed_params(name), dict(params)
-    for old, new in old_to_new.items():
-        if old in out:
-            if new in out:
-                raise ConfigError(f"method.{new} of {name!r} is set twice: as 'method.{new}' and as its old name "
-                                  f"'method.{old}'; keep 'method.{new}'")
-            if warn:
-                deprecated_key(f"method.{old}", f"method.{new}", stacklevel=stacklevel)
-            out[new] = out.pop(old)
-    return out
+    return {f.name: f.metadata[HASH_NAME] for f in dataclasses.fields(cls.Config) if HASH_NAME in f.metadata}
 
 
 def hashed_params(name: str, params: Any) -> Any:
-    """Method hyperparameters as the run id hashes them: a renamed one under the name it had."""
+    """Method hyperparameters as the run id hashes them: each under its `hash_names` entry, if it has one."""
     if not isinstance(params, Mapping):
         return params
-    new_to_old = {new: old for old, new in renamed_params(name).items()}
-    return {new_to_old.get(k, k): v for k, v in params.items()}
+    renamed = hash_names(name)
+    return {renamed.get(k, k): v for k, v in params.items()}
 
 
 def method_config(name: str, params: Mapping[str, Any]) -> Any:
-    """Build (and validate) the method's frozen Config from loose key/values (a renamed hyperparameter
-    under its old name too, with a DeprecationWarning naming the new one)."""
+    """Build (and validate) the method's frozen Config from loose key/values."""
     cls = get_method_class(name)
-    params = upgrade_params(name, params, stacklevel=5)
     hints = typing.get_type_hints(cls.Config)
     names = [f.name for f in dataclasses.fields(cls.Config)]
     unknown = [k for k in params if k not in names]

@@ -26,7 +26,7 @@ from typing import Any, Literal, Mapping
 # ConfigError and the value conversion live in a leaf module so that the method registry can use
 # them at import time without importing this module (which validates through the registry).
 from dfbench.benchmark.core import schema
-from dfbench.benchmark.core.parsing import ConfigError, coerce_value, deprecated_key, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
+from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
 from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare  # noqa: F401  (SCHEMA_VERSION re-exported)
 
 DATASETS = ("fmnist", "svhn", "cifar10")
@@ -66,7 +66,7 @@ def _dp_on(get: schema.Getter) -> bool:  # DP off: its knobs change nothing (and
 
 def _method_params_hashed(get: schema.Getter) -> Any:
     """The id hashes a renamed method hyperparameter under the name it had (ids are published; see
-    methods.registry.renamed): method.masked_mean is hashed as `aggregation`, its name before."""
+    methods.registry.hashed_as): method.masked_mean is hashed as `aggregation`, its name before."""
     from dfbench.methods.registry import hashed_params
 
     return hashed_params(get("method"), get("method_params"))
@@ -108,7 +108,7 @@ class DataConfig:
     min_client_size: int = declare(8)  # a partition giving a client fewer samples is retried, then refused
     # > 0: each client keeps a seeded subset of at most this many of its samples (0 = all). Was data.client_images
     # (a name metrics.json's client work also had); hashed under that name, so run ids stay.
-    images_per_client: int = declare(0, since=6, neutral=0, renamed_from=("client_images",), hash_name="client_images")
+    images_per_client: int = declare(0, since=6, neutral=0, hash_name="client_images")
     root: str | None = declare(None, role="execution")  # explicit data folder (else DFBENCH_DATA, the system path, download)
     # the content digest of data users bring (both splits, decoded: datasets.user_digest): filled in when the config
     # is built, checked against the data whenever it is built again (config.json); "" for the built-in datasets,
@@ -193,11 +193,9 @@ class EvalConfig:
     # samples, copy rate, per-client attribution) and a loss-based membership-inference attack per client.
     # Leakage, not differential privacy (that is privacy.*): were eval.privacy_metrics / eval.privacy_images,
     # hashed under those names, so run ids stay.
-    leakage_metrics: bool = declare(False, since=5, neutral=False, renamed_from=("privacy_metrics",),
-                                    hash_name="privacy_metrics")
+    leakage_metrics: bool = declare(False, since=5, neutral=False, hash_name="privacy_metrics")
     # members per client (and as many held-out images per client) for the attack
-    leakage_members: int = declare(256, since=5, neutral=256, active=_leakage_on, renamed_from=("privacy_images",),
-                                   hash_name="privacy_images")
+    leakage_members: int = declare(256, since=5, neutral=256, active=_leakage_on, hash_name="privacy_images")
 
 
 @dataclass(frozen=True)
@@ -255,11 +253,9 @@ class RunConfig:
         return {"run_id": self.run_id(), "schema": SCHEMA_VERSION, **self.to_dict()}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, warn: bool = True) -> "RunConfig":
-        """A config from its dict (config.json). A key renamed since is read under its new name, with a
-        DeprecationWarning naming it (`warn=False`: silently, e.g. a stored config.json of an old run)."""
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        """A config from its dict (config.json)."""
         sections = SECTIONS
-        d = upgrade_keys(d, warn=warn)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - set(schema.BOOKKEEPING)
         if unknown:
@@ -294,33 +290,6 @@ SECTIONS: dict[str, type] = {"data": DataConfig, "train": TrainConfig, "system":
 def experiment_schema() -> list[schema.Entry]:
     """Every config field with its declaration, dotted (`schema.Entry`), in declaration order."""
     return schema.entries(RunConfig, SECTIONS)
-
-
-def renamed_keys() -> dict[str, str]:
-    """Old dotted key -> new dotted key of every renamed config field (read for one release, with a warning)."""
-    return schema.renamed_keys(experiment_schema())
-
-
-def upgrade_keys(d: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
-    """A nested config dict (config.json's shape) with every renamed key under its new name; a dict that
-    names a field by both is refused. `warn`: a DeprecationWarning per old key found."""
-    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in d.items()}
-    for old, new in renamed_keys().items():
-        head, _, leaf = old.rpartition(".")
-        section = out.get(head) if head else out
-        if not isinstance(section, dict) or leaf not in section:
-            continue
-        new_leaf = new.rpartition(".")[2]
-        if new_leaf in section:
-            raise ConfigError(f"config names '{new}' twice: as '{new}' and as its old name '{old}'; keep '{new}'")
-        if warn:
-            deprecated_key(old, new, stacklevel=4)
-        section[new_leaf] = section.pop(leaf)
-    if isinstance(out.get("method_params"), Mapping) and "method" in out:  # a renamed method hyperparameter
-        from dfbench.methods.registry import upgrade_params
-
-        out["method_params"] = upgrade_params(str(out["method"]), out["method_params"], warn=warn, stacklevel=5)
-    return out
 
 
 def execution_keys() -> tuple[str, ...]:
@@ -608,23 +577,12 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
     """
     top: dict[str, Any] = {}
     secs: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
-    items = _renamed_items(items)
     switching = "method" in items and str(items["method"]) != cfg.method
     mparams = {} if switching else dict(cfg.method_params)
     top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
-    from dfbench.methods.registry import renamed_params
-
-    old_params = renamed_params(str(items.get("method", cfg.method)))  # a renamed hyperparameter's old name
     for key, value in items.items():
         head, _, rest = key.partition(".")
         if head == "method" and rest:
-            if rest in old_params:
-                new = old_params[rest]
-                if f"method.{new}" in items:
-                    raise ConfigError(f"'method.{new}' is set twice: as 'method.{new}' and as its old name '{key}'; "
-                                      f"keep 'method.{new}'")
-                deprecated_key(key, f"method.{new}", stacklevel=3)
-                rest = new
             mparams[rest] = value
         elif head in _SECTIONS and rest:
             sec_cls = type(getattr(cfg, head))
@@ -641,16 +599,3 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
         secs["data"]["sha256"] = ""  # another dataset: its digest is taken anew (user data), none recorded (built-in)
     new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
     return replace(cfg, **top, **new_secs, method_params=mparams)
-
-
-def _renamed_items(items: Mapping[str, Any]) -> dict[str, Any]:
-    """Dotted overrides with every renamed key under its new name, each old one warned about."""
-    renamed, out = renamed_keys(), {}
-    for key, value in items.items():
-        new = renamed.get(key)
-        if new is not None:
-            if new in items:
-                raise ConfigError(f"'{new}' is set twice: as '{new}' and as its old name '{key}'; keep '{new}'")
-            deprecated_key(key, new, stacklevel=4)
-        out[new or key] = value
-    return out

@@ -11,19 +11,11 @@ import json
 import math
 import types
 import typing
-import warnings
 from typing import Any, Literal
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and the allowed values."""
-
-
-def deprecated_key(old: str, new: str, *, stacklevel: int = 3) -> None:
-    """The one warning a renamed name gives for its last release (config keys, method hyperparameters,
-    CLI flags alike): a DeprecationWarning naming the new name."""
-    warnings.warn(f"'{old}' is deprecated and will be removed in the next release; use '{new}' (same meaning)",
-                  DeprecationWarning, stacklevel=stacklevel)
 
 
 def coerce_value(key: str, typ: Any, value: Any) -> Any:

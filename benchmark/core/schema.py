@@ -16,10 +16,10 @@ Every field of `RunConfig` and of its sections is declared with `declare(default
   the asynchronous driver's knobs in synchronous rounds, so it is left out of the id);
 - how it is hashed where two spellings are one run (`canonical`: train.time_sampling=auto and its
   resolution);
-- the names it had before a rename (`renamed_from`: its old leaf names, read from a stored config.json
-  and accepted, with a deprecation warning naming the new key, from overrides, grids and
-  `RunConfig.from_dict` for one release) and the name it is hashed under (`hash_name`: the leaf name
-  of the run id's hashed dict; a renamed field keeps its old one there, so no run id moves).
+- the name it is hashed under (`hash_name`: the leaf name in the run id's hashed dict). A field
+  renamed after run ids were published keeps its old name there, so no run id moves: the
+  `hash_name`s are the run-id rename map (a method's hyperparameters have theirs on the method's
+  Config, methods/registry.py `hashed_as`). Its old name is not read anywhere else.
 
 Predicates and canonical forms take a getter, ``get("train.driver")``, so the same declaration
 applies to a `RunConfig` (building ids) and to a stored config.json (the report's grouping).
@@ -41,7 +41,7 @@ from typing import Any, Literal
 #: v1 the published ids; v2 train.lr_decay; v3 train.time_sampling; v4 the simulated clock, the
 #: quality curve and the asynchronous driver; v5 DP, Poisson sampling and the leakage metrics;
 #: v6 data.client_images (now data.images_per_client); v7 data.sha256 (data users bring). A rename is no new
-#: version: the field keeps its hashed name (`hash_name`) and its old name is read back (`renamed_from`).
+#: version: the field keeps its hashed name (`hash_name`).
 SCHEMA_VERSION = 7
 
 #: keys config.json holds beside the config: bookkeeping, never part of an experiment
@@ -68,7 +68,6 @@ class FieldSpec:
     label: str | None = None  # the name in a setting's human name (default: the field's name)
     active: Callable[[Getter], bool] | None = None  # None: always active
     canonical: Callable[[Getter], Any] | None = None  # the value as hashed (None: the value itself)
-    renamed_from: tuple[str, ...] = ()  # earlier leaf names of the field (same section), newest first
     hash_name: str | None = None  # the leaf name in the run id's hashed dict (None: the field's name)
 
     @property
@@ -79,15 +78,12 @@ class FieldSpec:
 def declare(default: Any = _UNSET, *, default_factory: Any = _UNSET, role: Role = "result", since: int = 1,
             neutral: Any = _UNSET, seed: bool = False, label: str | None = None,
             active: Callable[[Getter], bool] | None = None, canonical: Callable[[Getter], Any] | None = None,
-            renamed_from: tuple[str, ...] = (), hash_name: str | None = None) -> Any:
+            hash_name: str | None = None) -> Any:
     """A dataclass field with its schema declaration (see the module doc)."""
     if role == "result" and since > 1 and neutral is _UNSET:
         raise ValueError(f"a result field added in schema version {since} needs its neutral value (what older runs ran with)")
-    if renamed_from and role == "result" and hash_name is None:
-        raise ValueError(f"a renamed result field needs hash_name= (its name in run ids: {renamed_from[-1]!r}), "
-                         "or every run id made under the old name moves")
     spec = FieldSpec(role=role, since=since, neutral=neutral, seed=seed, label=label, active=active, canonical=canonical,
-                     renamed_from=tuple(renamed_from), hash_name=hash_name)
+                     hash_name=hash_name)
     if default_factory is not _UNSET:
         return dataclasses.field(default_factory=default_factory, metadata={"dfbench": spec})
     if default is _UNSET:
@@ -117,12 +113,6 @@ class Entry:
     def hash_name(self) -> str:
         """The leaf name in the run id's hashed dict: the name the field had when ids were published."""
         return self.spec.hash_name or self.name
-
-    @property
-    def old_keys(self) -> tuple[str, ...]:
-        """Its dotted keys before a rename (deprecated spellings, read for one release)."""
-        head = f"{self.section}." if self.section else ""
-        return tuple(head + old for old in self.spec.renamed_from)
 
     @property
     def separates_settings(self) -> bool:
@@ -167,15 +157,12 @@ def stored(schema: list[Entry], config: Mapping[str, Any]) -> Getter:
     """A getter over a stored config.json (nested sections): a field the file lacks ran with its neutral
     value (a field added after the file was written) or its declared default."""
     fallback = {e.key: e.spec.neutral if e.spec.later else e.default for e in schema}
-    old = {e.key: e.spec.renamed_from for e in schema if e.spec.renamed_from}
 
     def read(key: str) -> Any:
         head, _, leaf = key.rpartition(".")
         section = config.get(head) if head else config
-        if isinstance(section, Mapping):
-            for name in (leaf, *old.get(key, ())):  # a config.json written before a rename holds an old name
-                if name in section:
-                    return section[name]
+        if isinstance(section, Mapping) and leaf in section:
+            return section[leaf]
         return fallback.get(key)
     return read
 
@@ -217,11 +204,6 @@ def execution_keys(schema: list[Entry]) -> tuple[str, ...]:
 def later_fields(schema: list[Entry]) -> dict[str, Any]:
     """Dotted key -> neutral value of every field added after ids were first published, oldest first."""
     return {e.key: e.spec.neutral for e in sorted(schema, key=lambda e: e.spec.since) if e.spec.later}
-
-
-def renamed_keys(schema: list[Entry]) -> dict[str, str]:
-    """Old dotted key -> its new dotted key, for every renamed field (`renamed_from`)."""
-    return {old: e.key for e in schema for old in e.old_keys}
 
 
 def labels(schema: list[Entry]) -> dict[str, str]:

@@ -359,7 +359,7 @@ def evaluate_dir(d: str | Path, device: str | None = None, *, sample_batch: int 
     if not (d / runfolder.CONFIG).exists():
         raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG), warn=False), device)  # an old run: old names read silently
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
     batches = {k: v for k, v in (("sample_batch", sample_batch), ("feature_batch", feature_batch)) if v is not None}
     if batches:
         from dfbench.benchmark.core.config import apply_overrides
@@ -475,7 +475,7 @@ def rescore_dir(d: str | Path, device: str | None = None, *, feature_batch: int 
     if metrics.get("evaluation_pending"):
         return evaluate_dir(d, device, feature_batch=feature_batch)
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG), warn=False), device)  # an old run: old names read silently
+    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
     if feature_batch is not None:
         from dfbench.benchmark.core.config import apply_overrides
 

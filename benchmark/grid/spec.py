@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides, parse_value, renamed_keys
+from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides, parse_value
 
 GRIDS_DIR = Path(__file__).with_name("builtin")
 TOP_KEYS = ("name", "description", "base", "axes", "cells")
@@ -255,13 +255,12 @@ def valid_keys() -> list[str]:
 def _check_keys(spec: Mapping[str, Any], extra: Mapping[str, Any]) -> list[str]:
     """Unknown keys anywhere in the file, all at once (a typo must not wait for its cell)."""
     valid = valid_keys()
-    renamed = renamed_keys()  # old names: accepted for one release (apply_overrides warns, naming the new key)
     where: dict[str, list[str]] = {}
     tables = [("[base]", spec.get("base", {})), ("[axes]", spec.get("axes", {})), ("--set", extra)]
     tables += [(f"[[cells]] #{j}", c) for j, c in enumerate(spec.get("cells", []))]
     for name, table in tables:
         for key in table:
-            if key not in valid and key not in renamed and not (key.startswith("method.") and len(key) > len("method.")):
+            if key not in valid and not (key.startswith("method.") and len(key) > len("method.")):
                 where.setdefault(key, []).append(name)
     out = []
     for key, places in where.items():

@@ -104,12 +104,8 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
     Runs may store the config flat (``dataset``, ``rounds`` at the top) or as
     sections (``data.dataset``, ``train.rounds``); the reporter reads both. A
-    leaf name used by two sections keeps its dotted name so nothing collides. A key renamed since the
-    run was made is read under its new name (`config.upgrade_keys`), so old and new runs group together.
+    leaf name used by two sections keeps its dotted name so nothing collides.
     """
-    from dfbench.benchmark.core.config import upgrade_keys
-
-    config = upgrade_keys(config, warn=False)
     flat = {k: v for k, v in config.items() if not isinstance(v, Mapping) or k == "method_params"}
     leaves: dict[str, list[tuple[str, Any]]] = {}
     for section, values in config.items():
