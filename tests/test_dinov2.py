@@ -309,7 +309,8 @@ def test_scoring_without_the_weights_leaves_fd_dinov2_out_with_the_reason(no_din
         assert needle in notes[0], needle
     # an explicit path that does not exist is an error, as for the Inception weights
     with pytest.raises(MissingWeightsError, match="given explicitly"):
-        ev.evaluate_samples(images, "cifar10", metrics=["fd_dinov2"], dinov2_weights="/nonexistent/dinov2.pth")
+        ev.evaluate_samples(images, "cifar10", metrics=["fd_dinov2"],
+                            options=ev.ScoreOptions(dinov2_weights="/nonexistent/dinov2.pth"))
     # and Inception's own rule is unchanged: missing Inception weights still stop the evaluation
     monkeypatch.delenv("DFBENCH_INCEPTION_WEIGHTS", raising=False)
     with pytest.raises(MissingWeightsError, match="pt_inception"):
@@ -322,12 +323,12 @@ def test_scoring_with_the_weights_gives_a_fd_dinov2_row_and_zero_for_the_referen
     monkeypatch.setattr(ev, "_load_dataset", lambda d, s, r: SimpleNamespace(
         images=reference, labels=torch.zeros(40, dtype=torch.int64), sha256="f" * 64))
     rows, notes = ev.evaluate_samples(reference, "cifar10", metrics=["fd_dinov2"], quality=False,
-                                      dinov2_weights=tiny_file, bootstrap=0)
+                                      options=ev.ScoreOptions(dinov2_weights=tiny_file, bootstrap=0))
     assert notes == [] and [r["metric"] for r in rows] == ["fd_dinov2"]
     row = rows[0]
     assert row["extractor"] == "dinov2" and row["extractor_sha256"] == file_sha256(tiny_file)
     assert abs(row["value"]) < 1e-6  # the samples are the reference split itself
     other = torch.randint(0, 100, (40, 3, 32, 32), generator=torch.Generator().manual_seed(4), dtype=torch.uint8)
-    rows, _ = ev.evaluate_samples(other, "cifar10", metrics=["fd_dinov2"], quality=False, dinov2_weights=tiny_file,
-                                  bootstrap=0)
+    rows, _ = ev.evaluate_samples(other, "cifar10", metrics=["fd_dinov2"], quality=False,
+                                  options=ev.ScoreOptions(dinov2_weights=tiny_file, bootstrap=0))
     assert rows[0]["value"] > 0.1

@@ -3,6 +3,7 @@ row contents, the committed Fashion-MNIST classifier, and file inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -134,7 +135,7 @@ def test_cache_key_includes_the_extractor_weights_hash(tmp_path, fake_reference)
 
 def test_auto_on_fmnist_without_inception_weights_gives_its_two_networks_metrics(tmp_path, no_inception, fake_reference):
     samples = _fake_images(200, seed=2)
-    rows = ev.evaluate_images(samples, "fmnist", cache_dir=tmp_path, kid_subsets=10)
+    rows = ev.evaluate_images(samples, "fmnist", options=ev.ScoreOptions(cache_dir=tmp_path, kid_subsets=10))
     assert [r["metric"] for r in rows] == ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]
     assert [r["extractor"] for r in rows] == ["fmnist", "fmnist_ae", "fmnist", "fmnist_ae"]
     assert all(set(r) == ROW_KEYS for r in rows)
@@ -169,7 +170,7 @@ def test_auto_on_fmnist_adds_fid_and_kid_when_inception_weights_are_found(tmp_pa
 
     monkeypatch.setattr(ev, "get_extractor", get_extractor)
     samples = _fake_images(120, seed=3)
-    rows = ev.evaluate_images(samples, "fmnist", cache_dir=tmp_path, kid_subsets=10, kid_subset_size=50)
+    rows = ev.evaluate_images(samples, "fmnist", options=ev.ScoreOptions(cache_dir=tmp_path, kid_subsets=10, kid_subset_size=50))
     assert [r["metric"] for r in rows] == ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid"]
     assert built["inception"] == weights  # the located file is what the extractor is built from
     by_name = {r["metric"]: r for r in rows}
@@ -196,14 +197,9 @@ def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extra
         images=images, labels=torch.arange(300) % 10, sha256=s[0] * 64))
     clients = [np.arange(0, 100), np.arange(100, 200), np.arange(200, 300)]
     # execute
-    rows, notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, kid_subsets=5,
-                                      kid_subset_size=30, bootstrap=0, client_indices=clients,
-                                      group_of_client=np.array([0, 1, 1]), client_split_size=300)
-    # the typed form (ScoreOptions for how it scores, ClientSplit for the clients) is the same call
     options = ev.ScoreOptions(cache_dir=tmp_path, kid_subsets=5, kid_subset_size=30, bootstrap=0)
-    typed = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", options=options,
-                                clients=ev.ClientSplit(clients, np.array([0, 1, 1]), split_size=300))
-    assert typed == (rows, notes)
+    rows, notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", options=options,
+                                      clients=ev.ClientSplit(clients, np.array([0, 1, 1]), split_size=300))
     # assert: the headline metrics are "auto"'s, and every row name is a table entry whose extractor
     # and direction are the ones the row records (a row without "better" is lower-is-better)
     names = [r["metric"] for r in rows]
@@ -219,33 +215,25 @@ def test_every_row_evaluate_samples_writes_is_in_the_metric_table_with_its_extra
         if entry.extractor is not None:
             assert row["extractor"] == entry.extractor, row["metric"]
     # the clients' reference split is the training split: with another one, no client row (a note)
-    test_rows, test_notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", reference_split="test",
-                                                cache_dir=tmp_path, bootstrap=0, kid_subsets=5, kid_subset_size=30,
-                                                client_indices=clients, client_split_size=300)
+    test_rows, test_notes = ev.evaluate_samples(_fake_images(60, seed=5), "fmnist",
+                                                options=dataclasses.replace(options, reference_split="test"),
+                                                clients=ev.ClientSplit(clients, split_size=300))
     assert not [r for r in test_rows if table.get(r["metric"]).reference == "train"]
     assert "per-client quality: needs eval.reference_split=train (the clients' split), got 'test'" in test_notes
     # group_of_client must name a group per client
     with pytest.raises(ValueError, match="group_of_client has 2 entries for 3 clients"):
-        ev.evaluate_samples(_fake_images(60, seed=5), "fmnist", cache_dir=tmp_path, client_indices=clients,
-                            group_of_client=np.array([0, 1]))
+        ev.ClientSplit(clients, np.array([0, 1]))
 
 
-def test_score_options_are_a_checked_frozen_value_and_keywords_override_them():
-    import dataclasses
-
-    # prepare / execute
-    options, clients = ev._options(ev.ScoreOptions(batch_size=64, seed=3), None, {"seed": 5, "client_indices": [np.arange(2)]})
-    # assert: a keyword overrides its field, the rest is kept; the client keywords make a ClientSplit
-    assert (options.batch_size, options.seed, options.device) == (64, 5, "cpu")
-    assert isinstance(clients, ev.ClientSplit) and clients.group_of_client is None
+def test_score_options_are_a_checked_frozen_value_and_the_only_way_to_pass_them():
+    options = ev.ScoreOptions(batch_size=64, seed=3)
+    assert (options.batch_size, options.seed, options.device) == (64, 3, "cpu")
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.seed = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="bootstrap must be 0"):
         ev.ScoreOptions(bootstrap=1)
-    with pytest.raises(TypeError, match="unexpected keyword argument.*batchsize"):
-        ev.evaluate_samples(_fake_images(4, seed=0), "fmnist", batchsize=8)
-    with pytest.raises(TypeError, match="not both"):
-        ev._options(None, ev.ClientSplit([np.arange(2)]), {"client_indices": [np.arange(2)]})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batch_size'"):
+        ev.evaluate_samples(_fake_images(4, seed=0), "fmnist", batch_size=8)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("dataset,metrics", [("cifar10", "auto"), ("svhn", ["fid"]), ("fmnist", ["fd_fmnist", "kid"])])
@@ -254,12 +242,12 @@ def test_missing_weights_raise_before_any_feature_work(tmp_path, monkeypatch, no
     monkeypatch.setattr(fe.Extractor, "features", lambda *a, **k: pytest.fail("features computed before the check"))
     samples = _fake_images(4, seed=4, shape=ev.DATASET_SHAPES[dataset])
     with pytest.raises(ev.MissingWeightsError, match="pt_inception-2015-12-05-6726825d.pth"):
-        ev.evaluate_images(samples, dataset, metrics=metrics, cache_dir=tmp_path)
+        ev.evaluate_images(samples, dataset, metrics=metrics, options=ev.ScoreOptions(cache_dir=tmp_path))
 
 
 def test_explicit_missing_weights_path_is_an_error_even_with_auto(tmp_path, no_inception):
     with pytest.raises(ev.MissingWeightsError, match="given explicitly"):
-        ev.evaluate_images(_fake_images(4, seed=5), "fmnist", inception_weights=tmp_path / "nope.pth")
+        ev.evaluate_images(_fake_images(4, seed=5), "fmnist", options=ev.ScoreOptions(inception_weights=tmp_path / "nope.pth"))
 
 
 @pytest.mark.parametrize(
@@ -320,7 +308,8 @@ def test_fd_fmnist_grows_monotonically_with_noise_on_real_images(tmp_path, monke
     values = []
     for sigma in (0.0, 16.0, 48.0, 128.0):
         noisy = (clean.float() + sigma * noise).round().clamp(0, 255).to(torch.uint8)
-        [row] = ev.evaluate_images(noisy, "fmnist", metrics=["fd_fmnist"], reference_split="test", cache_dir=tmp_path)
+        [row] = ev.evaluate_images(noisy, "fmnist", metrics=["fd_fmnist"],
+                                   options=ev.ScoreOptions(reference_split="test", cache_dir=tmp_path))
         values.append(row["value"])
     assert row["reference"] == "fmnist/test"
     assert all(b > a for a, b in zip(values, values[1:])), values

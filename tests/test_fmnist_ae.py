@@ -115,8 +115,8 @@ def real_and_noise_scores(tmp_path_factory) -> dict[str, dict[str, dict]]:
     sets = {"real": datasets.load("fmnist", "test").images[:1000], "noise": _noise_images(1000, seed=4)}
     out = {}
     for name, images in sets.items():
-        rows = ev.evaluate_images(images, "fmnist", metrics=FMNIST_OWN[1:], reference_split="train",
-                                  cache_dir=cache, bootstrap=0, kid_subsets=20)
+        rows = ev.evaluate_images(images, "fmnist", metrics=FMNIST_OWN[1:],
+                                  options=ev.ScoreOptions(reference_split="train", cache_dir=cache, bootstrap=0, kid_subsets=20))
         out[name] = {row["metric"]: row for row in rows}
     return out
 

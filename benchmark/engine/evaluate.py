@@ -119,16 +119,16 @@ def curve_point(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.
     It touches no random stream of training (fixed noises; a deterministic sampler; the bootstrap
     interval has its own seeded generator) and leaves ctx.model in training mode, so a run with a
     curve trains bitwise as one without."""
-    from dfbench.benchmark.metrics.scoring import MissingWeightsError, evaluate_samples
+    from dfbench.benchmark.metrics.scoring import MissingWeightsError, ScoreOptions, evaluate_samples
 
     t0 = time.perf_counter()
     metric = curve_metric(cfg)
     noise = fixed_noise(cfg.eval.curve_samples, ctx.image_shape, base=cfg.eval.noise_seed)
     samples = to_uint8(method.sample(params, noise, ctx).cpu())
     try:
-        rows, _ = evaluate_samples(samples, cfg.data.dataset, metrics=[metric], reference_split=cfg.eval.reference_split,
-                                   data_root=cfg.data.root, device=cfg.device, seed=cfg.seed,
-                                   batch_size=cfg.eval.feature_batch, quality=False)
+        options = ScoreOptions(reference_split=cfg.eval.reference_split, data_root=cfg.data.root, device=cfg.device,
+                               seed=cfg.seed, batch_size=cfg.eval.feature_batch)
+        rows, _ = evaluate_samples(samples, cfg.data.dataset, metrics=[metric], options=options, quality=False)
     except MissingWeightsError as err:
         raise ConfigError(f"eval.every needs {metric}'s network for its curve: {err}; or set eval.every=0") from None
     row = next(r for r in rows if r["metric"] == metric)
@@ -161,18 +161,17 @@ def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progre
     why there are none) for per-client quality. Bootstrap intervals are seeded by the run's seed.
     `metrics`: score these instead of the run's eval.metrics (`dfbench eval`: the ones a run lacks).
     """
-    from dfbench.benchmark.metrics.scoring import MissingWeightsError, evaluate_samples
+    from dfbench.benchmark.metrics.scoring import ClientSplit, MissingWeightsError, ScoreOptions, evaluate_samples
 
     if cfg.eval.metrics == "none":  # training-only runs (tests, timing): samples and grid, no score
         return [], None, []
     client_indices, expert_of_client, split_size, why_no_clients = clients() if clients else (None, None, None, None)
+    options = ScoreOptions(reference_split=cfg.eval.reference_split, data_root=cfg.data.root, device=cfg.device,
+                           progress=progress, seed=cfg.seed, batch_size=cfg.eval.feature_batch)
+    split = None if client_indices is None else ClientSplit(client_indices, expert_of_client, split_size)
     try:
         rows, notes = evaluate_samples(samples, cfg.data.dataset, metrics=_metrics(cfg) if metrics is None else metrics,
-                                       reference_split=cfg.eval.reference_split,
-                                       data_root=cfg.data.root, device=cfg.device, progress=progress, seed=cfg.seed,
-                                       batch_size=cfg.eval.feature_batch,
-                                       client_indices=client_indices, group_of_client=expert_of_client,
-                                       client_split_size=split_size)
+                                       options=options, clients=split)
     except MissingWeightsError as err:
         return [], str(err), []
     for row in rows:

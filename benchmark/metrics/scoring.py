@@ -19,7 +19,6 @@ number of samples and the reference split; every Frechet row its interval
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from collections.abc import Sequence
@@ -266,7 +265,7 @@ def _check_images(images: torch.Tensor, dataset: str) -> None:
 @dataclass(frozen=True)
 class ScoreOptions:
     """How samples are scored (what is scored is the metric list): where the reference and the weights
-    are, the compute knobs and the intervals. Every field is a keyword of `evaluate_samples` too."""
+    are, the compute knobs and the intervals (`evaluate_samples(..., options=ScoreOptions(...))`)."""
 
     reference_split: str = "train"  # the split the samples are compared with
     data_root: str | Path | None = None  # where the dataset is (None: the datasets' default)
@@ -302,30 +301,8 @@ class ClientSplit:
             raise ValueError(f"group_of_client has {len(self.group_of_client)} entries for {len(self.indices)} clients")
 
 
-_OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ScoreOptions))
-_CLIENT_KEYWORDS = {"client_indices": "indices", "group_of_client": "group_of_client", "client_split_size": "split_size"}
-
-
-def _options(options: ScoreOptions | None, clients: ClientSplit | None,
-             knobs: dict[str, Any]) -> tuple[ScoreOptions, ClientSplit | None]:
-    """`options` and `clients` with the keyword form applied (`batch_size=64`, `client_indices=...`)."""
-    if unknown := sorted(set(knobs) - _OPTION_FIELDS - set(_CLIENT_KEYWORDS)):
-        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}; ScoreOptions has "
-                        f"{', '.join(sorted(_OPTION_FIELDS))}, ClientSplit is given as clients= (or "
-                        f"{', '.join(_CLIENT_KEYWORDS)})")
-    chosen = {k: v for k, v in knobs.items() if k in _OPTION_FIELDS}
-    options = dataclasses.replace(options or ScoreOptions(), **chosen)
-    split = {_CLIENT_KEYWORDS[k]: v for k, v in knobs.items() if k in _CLIENT_KEYWORDS}
-    if split:
-        if clients is not None:
-            raise TypeError("give the clients either as clients=ClientSplit(...) or as client_indices=..., not both")
-        if split.get("indices") is not None:
-            clients = ClientSplit(**split)
-    return options, clients
-
-
 def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str] | Literal["auto"] = "auto",
-                    options: ScoreOptions | None = None, **knobs: Any) -> list[dict[str, Any]]:
+                    options: ScoreOptions | None = None) -> list[dict[str, Any]]:
     """Score uint8 samples [N, C, H, W] of `dataset` against its reference split (`ScoreOptions`).
 
     metrics: "auto" = ["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"]
@@ -337,9 +314,7 @@ def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str
     metric, in the order requested, each with its interval (ci_low, ci_high,
     ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
     over the samples with `options.bootstrap` replicates, seeded by `options.seed`.
-    `knobs`: ScoreOptions fields as keywords (`batch_size=64`), over `options`.
     """
-    options, _ = _options(options, None, knobs)
     rows, _ = evaluate_samples(images, dataset, metrics=metrics, options=options, quality=False)
     return rows
 
@@ -372,8 +347,8 @@ def _drop_optional(chosen: list[str], given: dict[str, Any]) -> tuple[list[str],
 
 @exact_float32()  # TF32 off for the features and every matrix product of the scores (GPU)
 def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[str] | Literal["auto"] = "auto",
-                     options: ScoreOptions | None = None, quality: bool = True, clients: ClientSplit | None = None,
-                     **knobs: Any) -> tuple[list[dict[str, Any]], list[str]]:
+                     options: ScoreOptions | None = None, quality: bool = True,
+                     clients: ClientSplit | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """`evaluate_images` plus, with `quality`, the rows that say *why* a score is what it is.
 
     Per extractor: precision / recall / density / coverage (``precision_<extractor>``, ...;
@@ -384,9 +359,7 @@ def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[st
     `benchmark.metrics.client_quality`) given the clients' training-split indices (`ClientSplit`).
     Returns (rows, notes): a metric that cannot be computed is left out and a note says why.
 
-    How it scores is `options` (`ScoreOptions`); the keyword form of before is accepted too:
-    any ScoreOptions field (`batch_size=64, seed=3`) over `options`, and `client_indices`,
-    `group_of_client`, `client_split_size` for `clients`.
+    How it scores is `options` (`ScoreOptions`, default: its defaults).
     """
     from dfbench.benchmark.metrics.client_quality import client_quality_rows
     from dfbench.benchmark.metrics.coverage import mode_coverage_rows
@@ -394,7 +367,7 @@ def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[st
     from dfbench.benchmark.core.seeds import derive_seed
     from dfbench.benchmark.metrics.uncertainty import FrechetReference, default_replicates
 
-    opts, clients = _options(options, clients, knobs)
+    opts = options or ScoreOptions()
     reference_split, device, batch_size, seed, progress = opts.reference_split, opts.device, opts.batch_size, opts.seed, opts.progress
     _check_dataset(dataset)
     _check_images(images, dataset)
