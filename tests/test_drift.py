@@ -95,12 +95,12 @@ def test_unfinished_reference_is_not_used(tmp_path):
 
 
 def test_budget_ignores_exactly_what_is_compared_and_the_result_neutral_keys(tmp_path):
-    from dfbench.benchmark.core.config import NON_RESULT_KEYS
+    from dfbench.benchmark.core.config import execution_keys
 
     cfg = {"run_id": "s0-x", "version": 1, **tiny_config("random_prune", {"keep_ratio": 0.5}).to_dict()}
     base = drift._budget(cfg)
     # every result-neutral key of core.config, and what is compared, may differ from the reference's
-    free = [*NON_RESULT_KEYS, "method", "method_params", "system.capacity", "eval.samples", "eval.grid", "eval.metrics",
+    free = [*execution_keys(), "method", "method_params", "system.capacity", "eval.samples", "eval.grid", "eval.metrics",
             "run_id", "version"]
     for key in free:
         section, _, leaf = key.rpartition(".")

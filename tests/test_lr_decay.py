@@ -12,7 +12,7 @@ import torch
 
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.engine import training
-from dfbench.benchmark.core.config import LATER_FIELDS, NON_RESULT_KEYS, ConfigError, TrainConfig, config_hash, round_lr
+from dfbench.benchmark.core.config import ConfigError, TrainConfig, config_hash, execution_keys, later_fields, round_lr
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.core.seeds import torch_gen
 from helpers import final_params, local_train_kw, tiny_config
@@ -44,10 +44,10 @@ def test_default_decay_leaves_run_ids_unchanged():
     # the hash of a config without the field (as every run made before it) equals today's
     cfg = tiny_config()
     d = cfg.to_dict()
-    for key in NON_RESULT_KEYS:
+    for key in execution_keys():
         head, _, rest = key.partition(".")
         (d[head] if rest else d).pop(rest or head, None)
-    for key in LATER_FIELDS:  # lr_decay, and every field added after it at its neutral value
+    for key in later_fields():  # lr_decay, and every field added after it at its neutral value
         head, _, rest = key.partition(".")
         del d[head][rest]
         if not d[head]:  # a section added later (privacy): absent altogether before it

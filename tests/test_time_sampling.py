@@ -47,9 +47,9 @@ def test_a_stored_config_from_before_the_field_keeps_its_uniform_times_and_its_r
     pinned = tiny_config(over={"train.objective": "fm", "train.time_sampling": "uniform"})
     stored = pinned.to_dict()
     del stored["train"]["time_sampling"]  # a config.json written before the field existed
-    from dfbench.benchmark.core.config import LATER_FIELDS
+    from dfbench.benchmark.core.config import later_fields
 
-    for key in list(LATER_FIELDS)[2:]:  # ... and before every field added after it (the clock, curves, the driver)
+    for key in list(later_fields())[2:]:  # ... and before every field added after it (the clock, curves, the driver)
         head, _, rest = key.partition(".")
         del stored[head][rest]
         if not stored[head]:  # a section added later (privacy): absent altogether before it
@@ -64,10 +64,10 @@ def _hash_without(d: dict) -> str:
     import hashlib
     import json
 
-    from dfbench.benchmark.core.config import NON_RESULT_KEYS
+    from dfbench.benchmark.core.config import execution_keys
 
     d = json.loads(json.dumps(d, default=str))
-    for key in NON_RESULT_KEYS:
+    for key in execution_keys():
         head, _, rest = key.partition(".")
         (d[head] if rest else d).pop(rest or head, None)
     if d["train"].get("lr_decay") == "none":

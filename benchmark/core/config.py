@@ -303,11 +303,6 @@ def later_fields() -> dict[str, Any]:
     return schema.later_fields(experiment_schema())
 
 
-# Derived aliases of the schema (read-only views, kept for callers of the old lists).
-NON_RESULT_KEYS: tuple[str, ...] = execution_keys()
-LATER_FIELDS: Mapping[str, Any] = types.MappingProxyType(later_fields())
-
-
 def time_sampling_for(t: TrainConfig, objective: str) -> str:
     """The training times an objective of the run draws: `t.time_sampling`, with auto resolved to
     logit_normal when the run's objective (`t.objective`) is flow matching, else uniform; an

@@ -47,9 +47,6 @@ def free_keys() -> frozenset[str]:
     return frozenset((*_COMPARED, *schema.BOOKKEEPING, *schema.execution_keys(experiment_schema())))
 
 
-_FREE = free_keys()  # as the schema is now (derived, for readers of the old name)
-
-
 def pixel_drift(a: np.ndarray, b: np.ndarray) -> float:
     """Mean over samples of the per-image RMS pixel difference, uint8 [N, C, H, W] in [0, 1] units."""
     a, b = _paired(a, b)
