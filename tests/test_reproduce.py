@@ -33,22 +33,26 @@ def test_equal_scores_are_counted_and_said_bit_for_bit(tmp_path: Path) -> None:
     r = R.reproduce(tmp_path / "fresh", tmp_path / "ref")
     line = R.describe(r, tmp_path / "ref")
     # assert: 3 scores (a metric neither run has is not a score), all equal; wall time is no score
-    assert (r.compared, r.equal, r.worst, r.missing_runs) == (3, 3, None, ())
-    assert "3 of 3 scores equal" in line and "bit for bit" in line
+    assert (r.compared, r.equal, r.close, r.worst, r.missing_runs) == (3, 3, 3, None, ())
+    assert "all 3 scores equal" in line and "bit for bit" in line
     assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 0
 
 
 def test_a_difference_names_the_largest_and_both_machines(tmp_path: Path) -> None:
-    # prepare: top-k moved by 1 %, fedavg by 0.1 %; another CPU made the fresh runs
+    # prepare: top-k's fd moved by 1 %, fedavg's by 1e-7 (float64 rounding), top-k's loss by 10 %; another CPU
     _runs_csv(tmp_path / "ref", [_row("s0-a", "fedavg", 200.0, 0.5), _row("s0-c", "topk", 400.0, 0.6)], "AMD EPYC, 2 cores")
-    _runs_csv(tmp_path / "fresh", [_row("s0-a", "fedavg", 200.2, 0.5), _row("s0-c", "topk", 404.0, 0.6)], "Intel Xeon, 2 cores")
+    _runs_csv(tmp_path / "fresh", [_row("s0-a", "fedavg", 200.00002, 0.5), _row("s0-c", "topk", 404.0, 0.66)], "Intel Xeon, 2 cores")
+    pd.DataFrame({"primary_metric": ["fd_fmnist", "fd_fmnist"]}).to_csv(tmp_path / "ref" / "leaderboard.csv", index=False)
     # execute
     r = R.reproduce(tmp_path / "fresh", tmp_path / "ref")
     line = R.describe(r, tmp_path / "ref")
-    # assert
-    assert (r.compared, r.equal) == (4, 2)
-    assert r.worst == ("topk", "fd_fmnist", 400.0, 404.0)
-    assert "+1.0%" in line and "AMD EPYC, 2 cores" in line and "Intel Xeon, 2 cores" in line
+    # assert: 4 scores, 1 equal (fedavg's loss), 2 within 1e-6; the ranking metric's worst and the overall worst
+    assert (r.compared, r.equal, r.close) == (4, 1, 2)
+    assert r.primary == "fd_fmnist" and r.primary_worst == ("topk", "fd_fmnist", 400.0, 404.0)
+    assert r.worst == ("topk", "denoise_loss", 0.6, 0.66)
+    assert "ranking metric: fd_fmnist of topk: 400 committed, 404 now (+1.00%)" in line
+    assert "any score: denoise_loss of topk" in line and "(+10.00%)" in line
+    assert "AMD EPYC, 2 cores" in line and "Intel Xeon, 2 cores" in line
     assert "round differently" in line
     assert R.main([str(tmp_path / "fresh"), str(tmp_path / "ref")]) == 0  # another CPU: said, not failed
 

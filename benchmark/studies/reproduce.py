@@ -31,8 +31,11 @@ class Reproduction:
 
     compared: int
     equal: int
+    close: int  # of them equal to CLOSE (relative): the last digits of float64 linear algebra, not training
     missing_runs: tuple[str, ...]
     worst: tuple[str, str, float, float] | None  # (setting, metric, reference, fresh) of the largest relative difference
+    primary: str | None  # the page's ranking metric (leaderboard.csv `primary_metric`), None without one
+    primary_worst: tuple[str, str, float, float] | None  # the largest difference of the ranking metric
     reference_machines: tuple[str, ...]
     fresh_machines: tuple[str, ...]
 
@@ -42,9 +45,16 @@ def score_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in frame.columns if f"{c}__lo" in frame.columns and f"{c}__hi" in frame.columns]
 
 
-def _same(a: float, b: float) -> bool:
-    both_missing = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
-    return both_missing or a == b
+CLOSE = 1e-6
+
+
+def _relative(a: float, b: float) -> float:
+    """|b - a| / |a| (inf where one is missing or a is 0 and b is not)."""
+    if a == b:
+        return 0.0
+    if math.isnan(a) or math.isnan(b) or a == 0.0:
+        return math.inf
+    return abs(b - a) / abs(a)
 
 
 def machines(runs_dir: Path) -> tuple[str, ...]:
@@ -60,14 +70,29 @@ def machines(runs_dir: Path) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def compare(fresh: pd.DataFrame, reference: pd.DataFrame) -> tuple[int, int, tuple[str, ...], tuple[str, str, float, float] | None]:
-    """(scores compared, of them equal, reference run ids with no fresh row, largest relative difference)."""
+@dataclass
+class _Tally:
+    compared: int = 0
+    equal: int = 0
+    close: int = 0
+    worst: tuple[str, str, float, float] | None = None
+    worst_rel: float = -1.0
+
+    def add(self, setting: str, column: str, a: float, b: float) -> None:
+        rel = _relative(a, b)
+        self.compared += 1
+        self.equal += rel == 0.0
+        self.close += rel <= CLOSE
+        if rel > 0.0 and rel > self.worst_rel:
+            self.worst_rel, self.worst = rel, (setting, column, a, b)
+
+
+def compare(fresh: pd.DataFrame, reference: pd.DataFrame, primary: str | None = None
+            ) -> tuple[_Tally, _Tally, tuple[str, ...]]:
+    """(every score, the `primary` metric's scores, reference runs with no fresh row) of two runs.csv tables."""
     fresh_by_id = fresh.set_index("run_id")
     columns = [c for c in score_columns(reference) if c in fresh.columns]
-    compared = equal = 0
-    missing: list[str] = []
-    worst: tuple[str, str, float, float] | None = None
-    worst_rel = -1.0
+    every, ranking, missing = _Tally(), _Tally(), []
     for _, ref in reference.iterrows():
         if ref["run_id"] not in fresh_by_id.index:
             missing.append(f"{ref['setting']} ({ref['run_id']})")
@@ -77,14 +102,19 @@ def compare(fresh: pd.DataFrame, reference: pd.DataFrame) -> tuple[int, int, tup
             a, b = float(ref[column]), float(new[column])
             if math.isnan(a) and math.isnan(b):
                 continue  # a metric neither run has (not applicable to this method)
-            compared += 1
-            if _same(a, b):
-                equal += 1
-                continue
-            rel = abs(b - a) / abs(a) if a not in (0.0,) and not math.isnan(a) and not math.isnan(b) else math.inf
-            if rel > worst_rel:
-                worst_rel, worst = rel, (str(ref["setting"]), column, a, b)
-    return compared, equal, tuple(missing), worst
+            every.add(str(ref["setting"]), column, a, b)
+            if column == primary:
+                ranking.add(str(ref["setting"]), column, a, b)
+    return every, ranking, tuple(missing)
+
+
+def primary_metric(folder: Path) -> str | None:
+    """The ranking metric of the page in `folder` (its leaderboard.csv), or None."""
+    path = folder / "leaderboard.csv"
+    if not path.is_file():
+        return None
+    column = pd.read_csv(path, usecols=lambda c: c == "primary_metric")
+    return str(column["primary_metric"].dropna().iloc[0]) if "primary_metric" in column and column["primary_metric"].notna().any() else None
 
 
 def reproduce(fresh_dir: Path, reference_dir: Path) -> Reproduction:
@@ -95,18 +125,29 @@ def reproduce(fresh_dir: Path, reference_dir: Path) -> Reproduction:
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist: run `dfbench report --runs {folder / 'runs'} --out {folder}` first")
         tables.append(pd.read_csv(path))
-    compared, equal, missing, worst = compare(*tables)
-    return Reproduction(compared, equal, missing, worst, machines(reference_dir / "runs"), machines(fresh_dir / "runs"))
+    primary = primary_metric(reference_dir)
+    every, ranking, missing = compare(*tables, primary=primary)
+    return Reproduction(every.compared, every.equal, every.close, missing, every.worst, primary, ranking.worst,
+                        machines(reference_dir / "runs"), machines(fresh_dir / "runs"))
+
+
+def _difference(worst: tuple[str, str, float, float]) -> str:
+    setting, metric, a, b = worst
+    change = f" ({(b - a) / a:+.2%})" if a and not math.isnan(a) and not math.isnan(b) else ""
+    return f"{metric} of {setting}: {a:.7g} committed, {b:.7g} now{change}"
 
 
 def describe(r: Reproduction, reference_dir: Path) -> str:
     """The reproduction line(s) a user reads at the end of `make demo`."""
-    lines = [f"reproduction: {r.equal} of {r.compared} scores equal the committed page's ({reference_dir}/runs.csv)"
-             + (" bit for bit" if r.equal == r.compared else "")]
-    if r.worst is not None:
-        setting, metric, a, b = r.worst
-        change = f"{(b - a) / a:+.1%}" if a else "n/a"
-        lines.append(f"  largest difference: {metric} of {setting}: {a:.6g} committed, {b:.6g} now ({change})")
+    if r.equal == r.compared:
+        lines = [f"reproduction: all {r.compared} scores equal the committed page's ({reference_dir}/runs.csv) bit for bit"]
+    else:
+        lines = [f"reproduction: of the committed page's {r.compared} scores ({reference_dir}/runs.csv), {r.equal} are "
+                 f"equal bit for bit and {r.close} to {CLOSE:g} (relative; the rest differ more)"]
+        if r.primary_worst is not None:
+            lines.append(f"  largest difference in the ranking metric: {_difference(r.primary_worst)}")
+        if r.worst is not None and r.worst != r.primary_worst:
+            lines.append(f"  largest difference in any score: {_difference(r.worst)}")
     if r.missing_runs:
         lines.append(f"  {len(r.missing_runs)} committed run(s) have no fresh run: {', '.join(r.missing_runs)}")
     ref_m, new_m = ", ".join(r.reference_machines) or "unrecorded", ", ".join(r.fresh_machines) or "unrecorded"
