@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import pandas as pd
 
-from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.core.config import ConfigError, RunConfig
+from dfbench.benchmark.engine.resolve import apply_overrides
 from dfbench.benchmark.run_flags import FLAG_KEYS, config_from_flags
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -42,7 +42,8 @@ from torch import nn
 from dfbench import datasets
 from dfbench import methods
 
-from dfbench.benchmark.core.config import RunConfig, apply_overrides, time_sampling_for
+from dfbench.benchmark.core.config import RunConfig, time_sampling_for
+from dfbench.benchmark.engine.resolve import apply_overrides
 from dfbench.benchmark.core.numerics import device_name
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.diffusion import make_objective

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dfbench.benchmark.core.config import RunConfig, apply_overrides
+from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.resolve import apply_overrides
 
 # `dfbench run` flag (its argparse dest; a plain make_config keyword) -> dotted config key.
 # --method is not here: the method is set last, with its hyperparameters (see config_from_flags).

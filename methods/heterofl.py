@@ -66,7 +66,7 @@ from dfbench.benchmark.core import presets
 from dfbench.benchmark.core.parsing import parse_capacity
 
 from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
-from .registry import hashed_as, register_method
+from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
@@ -241,8 +241,8 @@ class HeteroFL(Method):
     class Config:
         rate: float = 0.5  # width rate of every client without capacity tiers (tiers override it)
         scaler: bool = True  # divide narrowed sums by the kept fraction (HeteroFL's Scaler)
-        # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation: hashed under that name
-        masked_mean: MaskedMean = hashed_as("covered", "aggregation")
+        # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation, the name run ids hash
+        masked_mean: MaskedMean = "covered"
 
         def validate(self) -> None:
             if not (math.isfinite(self.rate) and 0.0 < self.rate <= 1.0):

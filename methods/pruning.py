@@ -73,7 +73,7 @@ from torch import nn
 from dfbench.benchmark.core.parsing import parse_capacity
 
 from .base import FLOAT_BITS, ClientPlan, LocalStep, Method, SampleVariants, ServerState, Upload
-from .registry import hashed_as, register_method
+from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
@@ -207,8 +207,8 @@ class PruneConfig:
     METHOD: ClassVar[str] = "random_prune"
     keep_ratio: float = 0.5  # fraction of each prunable tensor a client trains (capacity tiers override)
     prune_biases: bool = False  # also prune biases and norm scales/shifts
-    # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation: hashed under that name
-    masked_mean: MaskedMean = hashed_as("covered", "aggregation")
+    # covered | zero_fill (see methods.base.masked_weighted_mean); was method.aggregation, the name run ids hash
+    masked_mean: MaskedMean = "covered"
     inference: Inference = "scaled"  # how the global model is sampled: full | scaled | submodel (module docstring)
     inference_keep: float = 0.0  # submodel: keep ratio of the sampling sub-model; 0 = the clients' mean keep ratio
     inference_seed: int = 0  # submodel (random_prune): which random mask, derived with the run seed

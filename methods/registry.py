@@ -7,6 +7,7 @@ import fnmatch
 import typing
 from typing import Any, Callable, Mapping, TypeVar
 
+from dfbench.benchmark.core.config import METHOD_PARAM_HASH_NAMES
 from dfbench.benchmark.core.parsing import coerce_value
 
 from .base import Method
@@ -23,6 +24,11 @@ def register_method(name: str) -> Callable[[M], M]:
             raise ValueError(f"method {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
         if not dataclasses.is_dataclass(cls.Config):
             raise TypeError(f"{cls.__qualname__}.Config must be a frozen dataclass")
+        names = {f.name for f in dataclasses.fields(cls.Config)}
+        for new, hashed in METHOD_PARAM_HASH_NAMES.items():  # the run id would hash both under one name
+            if {new, hashed} <= names:
+                raise TypeError(f"{cls.__qualname__}.Config declares both {new!r} and {hashed!r}: run ids hash {new} as "
+                                f"{hashed} (core/config.py METHOD_PARAM_HASH_NAMES), so rename one of them")
         cls.name = name
         if cls.family is None:
             cls.family = name
@@ -51,33 +57,6 @@ def get_method_class(name: str) -> type[Method]:
                        "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
                        "README 'Adding a method')")
     return _REGISTRY[name]
-
-
-#: the metadata key of a method Config field's name in run ids (`hashed_as`)
-HASH_NAME = "hash_name"
-
-
-def hashed_as(default: Any, name: str) -> Any:
-    """A method Config field that the run id hashes under `name`, the name it had when run ids were published
-    (a hyperparameter renamed since): so no published id moves. Nothing else reads the old name."""
-    return dataclasses.field(default=default, metadata={HASH_NAME: name})
-
-
-def hash_names(name: str) -> dict[str, str]:
-    """Hyperparameter -> the name the run id hashes it under, for each of method `name`'s fields declared with
-    `hashed_as` (empty for an unknown method): the method's part of the run-id rename map."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        return {}
-    return {f.name: f.metadata[HASH_NAME] for f in dataclasses.fields(cls.Config) if HASH_NAME in f.metadata}
-
-
-def hashed_params(name: str, params: Any) -> Any:
-    """Method hyperparameters as the run id hashes them: each under its `hash_names` entry, if it has one."""
-    if not isinstance(params, Mapping):
-        return params
-    renamed = hash_names(name)
-    return {renamed.get(k, k): v for k, v in params.items()}
 
 
 def method_config(name: str, params: Mapping[str, Any]) -> Any:

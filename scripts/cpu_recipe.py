@@ -66,7 +66,8 @@ SPEED_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _speed(cand: dict[str, Any], steps: int, amp: str = "off", compile_: bool = False) -> dict[str, float]:
-    from dfbench.benchmark.core.config import RunConfig, apply_overrides
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.resolve import apply_overrides
     from dfbench.benchmark.perf import PlainTrainer, synthetic_images
 
     cfg = apply_overrides(RunConfig(), {**BASE, **cand, "train.rounds": 1, "eval.metrics": "none"})

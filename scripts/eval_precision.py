@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.benchmark.metrics.features import get_extractor
 from dfbench.benchmark.metrics.fid import frechet_distance
 from dfbench.benchmark.metrics.scoring import reference_stats
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     reference: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     print(f"{'run':40s} " + " ".join(f"{'N=' + str(n):>15s}" for n in sizes))
     for d in args.runs:
-        cfg = RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG))
+        cfg = config_from_dict(runfolder.read_json(d / runfolder.CONFIG))
         if cfg.data.dataset != "fmnist":
             print(f"{d}: a {cfg.data.dataset} run; fd_fmnist needs Fashion-MNIST samples", file=sys.stderr)
             return 2

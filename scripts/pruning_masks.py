@@ -30,7 +30,7 @@ import torch
 
 from dfbench import methods
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.benchmark.engine.context import build_context
 from dfbench.methods.pruning import prunable_tensors  # the same rule the methods use
 
@@ -51,7 +51,7 @@ def run_dirs(roots: list[Path]) -> list[Path]:
 
 def trained_shares(d: Path) -> dict[str, object]:
     """The row of one run folder (see the module docstring)."""
-    cfg = RunConfig.from_dict(runfolder.read_json(d / "config.json"))
+    cfg = config_from_dict(runfolder.read_json(d / "config.json"))
     ck = runfolder.load_checkpoint(d)
     if ck is None or ck["round"] != cfg.train.rounds:
         raise SystemExit(f"{d} has no final checkpoint (round {cfg.train.rounds}); finish the run first")

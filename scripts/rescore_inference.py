@@ -38,6 +38,7 @@ import torch
 from dfbench import methods
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.evaluate import generate, save_grid, score
 from dfbench.methods.pruning import random_mask
@@ -123,7 +124,7 @@ def print_row(text: str, values: dict[str, float]) -> None:
 def rescore(run: Path, rules: list[str], out: Path, loss: int = 0) -> dict[str, dict[str, float]]:
     """Rule text -> {metric: value} (and "loss" with loss > 0) for the run's final model; writes
     OUT/<rule>/samples.npz + grid.png and OUT/rescore.json."""
-    cfg = RunConfig.from_dict(runfolder.read_json(run / "config.json"))
+    cfg = config_from_dict(runfolder.read_json(run / "config.json"))
     pruner = cfg.method in ("random_prune", "topk_prune")
     if not pruner and set(rules) != {"full"}:
         raise SystemExit(f"{run} is a {cfg.method!r} run; inference rules belong to random_prune and topk_prune "

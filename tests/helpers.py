@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dfbench.benchmark.core.config import RunConfig, apply_overrides
+from dfbench.benchmark.core.config import RunConfig
+from dfbench.benchmark.engine.resolve import apply_overrides
 
 TINY = {
     "data.clients": 4, "data.min_client_size": 4, "train.rounds": 2, "train.local_steps": 2, "train.batch_size": 8,

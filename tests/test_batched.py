@@ -16,7 +16,8 @@ from dfbench.benchmark.engine.batched import (
     lockstep_groups,
     noised_inputs,
 )
-from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.core.config import ConfigError, RunConfig
+from dfbench.benchmark.engine.resolve import apply_overrides
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from dfbench.benchmark.engine.training import train_round
@@ -203,7 +204,7 @@ def test_batched_fedprox_round_equals_sequential(tiny_data):
 # -- the speed knobs ----------------------------------------------------------------------------------
 
 def test_speed_knobs_are_validated_and_keep_the_run_id():
-    base = RunConfig()
+    base = apply_overrides(RunConfig(), {})
     with pytest.raises(ConfigError, match="train.compile"):
         apply_overrides(base, {"train.compile": True})  # device cpu
     with pytest.raises(ConfigError, match="train.channels_last"):

@@ -14,6 +14,7 @@ from dfbench.benchmark.core.parsing import parse_speed
 from dfbench.benchmark.engine.clock import Clock, assign_speeds
 from dfbench.benchmark.engine.context import assign_tiers
 from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.benchmark.engine.model import flatten_
 from helpers import final_params, tiny_config
 
@@ -68,11 +69,11 @@ def test_bad_clock_settings_are_refused_before_any_work(key, value, match):
 
 def test_clock_fields_at_their_defaults_keep_every_run_id():
     cfg = tiny_config()
-    assert config_hash(cfg) == config_hash(RunConfig.from_dict({k: v for k, v in cfg.to_dict().items()}))
+    assert config_hash(cfg) == config_hash(config_from_dict({k: v for k, v in cfg.to_dict().items()}))
     d = cfg.to_dict()
     for key in ("speed", "compute_rate", "uplink_mbps", "downlink_mbps", "deadline"):
         d["system"].pop(key)
-    assert config_hash(RunConfig.from_dict(d)) == config_hash(cfg)  # a config written before the clock
+    assert config_hash(config_from_dict(d)) == config_hash(cfg)  # a config written before the clock
     assert config_hash(tiny_config(over={"system.speed": "1.0:0.5,0.25:0.5"})) != config_hash(cfg)
 
 

@@ -18,7 +18,8 @@ import torch
 
 from dfbench import methods
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import ConfigError, check_world
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.resolve import resolve
 from dfbench.benchmark.core.seeds import torch_gen
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.engine.context import build_context
@@ -351,13 +352,13 @@ def test_per_client_memory_refuses_several_ranks_before_any_data_is_loaded(name,
     with pytest.raises(ConfigError, match=r"world size 1, here 2.*without torchrun"):
         run(cfg, tmp_path, progress=False)
     assert not any(tmp_path.iterdir())
-    check_world(cfg, 1)
+    resolve(cfg, 1)
 
 
 @pytest.mark.parametrize("name,params", [("topk_update", {"error_feedback": False}), ("qsgd", {}),
                                          ("signsgd", {"error_feedback": False, "aggregation": "majority"})])
 def test_without_memory_several_ranks_are_allowed(name, params):
-    check_world(tiny_config(name, params), 2)
+    resolve(tiny_config(name, params), 2)
 
 
 def test_majority_vote_and_factor_downlink_refuse_the_asynchronous_driver():

@@ -18,7 +18,8 @@ def _script():
 def test_bf16_local_training_is_deterministic_run_to_run(tiny_data, monkeypatch):
     """Two identical bf16 local trainings give the same parameters bitwise (emulated here when the CPU
     has no native bfloat16: the same kernels either way)."""
-    from dfbench.benchmark.core.config import apply_overrides, RunConfig
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.resolve import apply_overrides
     from dfbench.benchmark.engine.context import build_context
     from dfbench.benchmark.core.seeds import torch_gen
 

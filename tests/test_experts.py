@@ -337,7 +337,8 @@ def test_grid_file_cells_are_valid_configs():
     import tomllib
     from pathlib import Path
 
-    from dfbench.benchmark.core.config import RunConfig, apply_overrides
+    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.engine.resolve import apply_overrides
 
     grid = tomllib.loads((Path(__file__).parents[1] / "benchmark" / "grid" / "builtin" / "experts.toml").read_text())
     axes = grid["axes"]

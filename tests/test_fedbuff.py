@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import ConfigError, check_world, config_hash
+from dfbench.benchmark.core.config import ConfigError, config_hash
+from dfbench.benchmark.engine.resolve import resolve
 from dfbench.benchmark.engine.asynchronous import staleness_weight
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, run_then_sigkill, tiny_config
@@ -102,7 +103,7 @@ def test_what_fedbuff_cannot_run_is_refused_before_any_data_is_loaded(method, ov
 
 def test_fedbuff_under_several_ranks_is_refused():
     with pytest.raises(ConfigError, match="one process"):
-        check_world(tiny_config(over=FEDBUFF), 2)
+        resolve(tiny_config(over=FEDBUFF), 2)
 
 
 def test_a_steps_wall_time_counts_every_client_it_trains(tmp_path, tiny_data, monkeypatch):

@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dfbench.benchmark.core import numerics, runfolder
-from dfbench.benchmark.core.config import ConfigError, apply_overrides
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.resolve import apply_overrides
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from helpers import tiny_config
 

@@ -16,6 +16,7 @@ import torch
 from dfbench import datasets
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.engine import evaluate, heldout, lifecycle
+from dfbench.benchmark.engine.resolve import config_from_dict
 from helpers import tiny_config
 
 pytestmark = pytest.mark.slow  # whole runs, trained and re-scored
@@ -92,7 +93,7 @@ def _loss(d: Path) -> dict:
 
 def test_a_trained_model_scores_below_its_untrained_start(trained):
     row = _loss(trained)
-    cfg = evaluate.RunConfig.from_dict(runfolder.read_json(trained / runfolder.CONFIG))
+    cfg = config_from_dict(runfolder.read_json(trained / runfolder.CONFIG))
     ctx, method, _ = evaluate.final_model(trained, cfg)
     untrained = heldout.method_denoising_rows(cfg, ctx, method, ctx.init_params)[0]
     assert row["reference"] == "fmnist/test" and row["num_samples"] == heldout.DENOISE_IMAGES

@@ -49,7 +49,8 @@ PACKAGES = _package_folders()
 # Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dfbench.datasets",),
-    ("dfbench.benchmark.core", "dfbench.methods"),
+    ("dfbench.benchmark.core",),
+    ("dfbench.methods",),
     ("dfbench.benchmark.metrics",),
     ("dfbench.benchmark.tracking",),
     ("dfbench.benchmark.engine",),

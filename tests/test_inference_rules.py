@@ -25,6 +25,7 @@ from dfbench import datasets, methods
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, config_hash
 from dfbench.benchmark.engine import evaluate, lifecycle
+from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.methods.pruning import INFERENCE_MODES
 from helpers import load_script, tiny_config
 
@@ -201,13 +202,12 @@ def test_every_rule_equals_what_rescore_inference_computes_after_the_fact(runs, 
 
 def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model_at_keep_1(runs, tmp_path, synthetic_loads,
                                                                                           monkeypatch, capsys):
-    from dfbench.benchmark.core.config import RunConfig
     from dfbench.benchmark.engine.context import build_context
     from dfbench.methods.pruning import random_mask
 
     script = load_script("rescore_inference")
     d = runs["random_prune"]
-    cfg = RunConfig.from_dict(runfolder.read_json(d / "config.json"))
+    cfg = config_from_dict(runfolder.read_json(d / "config.json"))
     ctx = build_context(cfg)
     params = runfolder.load_checkpoint(d)["params"]
     method = methods.create_method("random_prune", **dict(cfg.method_params))
@@ -231,7 +231,7 @@ def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model
     assert np.array_equal(_images(tmp_path / "k1" / "ensemble_draws-2" / "samples.npz"), _images(tmp_path / "k1" / "full" / "samples.npz"))
     assert k1["ensemble:draws=2"] == k1["full"] and k1["full"]["loss"] > 0  # the loss too: same images, times, noises
     # --loss against the objective's own loss on the documented draws, by hand
-    ctx1 = build_context(RunConfig.from_dict(runfolder.read_json(runs["keep1"] / "config.json")))
+    ctx1 = build_context(config_from_dict(runfolder.read_json(runs["keep1"] / "config.json")))
     gen = ctx1.gen("rescore_loss")
     pick = torch.randperm(ctx1.images.shape[0], generator=gen)[:16]
     ctx1.flat.copy_(runfolder.load_checkpoint(runs["keep1"])["params"])

@@ -299,7 +299,8 @@ def test_flower_parameters_match_flower_signatures():
 
 
 def test_config_accepts_flower_specs():
-    from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides
+    from dfbench.benchmark.core.config import ConfigError, RunConfig
+    from dfbench.benchmark.engine.resolve import apply_overrides
 
     cfg = apply_overrides(RunConfig(), {"data.partition": "flwr:dirichlet?alpha=0.5"})
     assert cfg.data.partition == "flwr:dirichlet?alpha=0.5"

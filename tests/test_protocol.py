@@ -16,7 +16,8 @@ import torch
 
 from dfbench import methods
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import ConfigError, check_world
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.resolve import resolve
 from dfbench.benchmark.engine import lifecycle
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.training import train_round
@@ -54,7 +55,7 @@ def test_declared_capabilities_are_refused_when_the_config_is_built(memory_metho
         tiny_config(memory_method, over={"train.clients_mode": "batched"})
     cfg = tiny_config(memory_method)
     with pytest.raises(ConfigError, match="needs a single process \\(world size 1, here 3\\)"):
-        check_world(cfg, 3)
+        resolve(cfg, 3)
 
 
 def test_a_refused_run_writes_no_folder(tmp_path, memory_method, monkeypatch):

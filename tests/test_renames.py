@@ -7,7 +7,7 @@ method.aggregation -> method.masked_mean ("aggregation" is the server step in ge
 
 No old name is read (no deprecation layer before the first release; CHANGELOG.md lists them). What
 keeps the published run ids is the run-id rename map: each renamed field is hashed under the name it
-had (`hash_name` on a config field, `hashed_as` on a method's Config field).
+had (`hash_name` on a config field; core/config.py METHOD_PARAM_HASH_NAMES for the methods' hyperparameters).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import dataclasses
 import pytest
 
 from dfbench.benchmark.core import schema
-from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides, experiment_schema
+from dfbench.benchmark.core.config import METHOD_PARAM_HASH_NAMES, ConfigError, RunConfig, experiment_schema
+from dfbench.benchmark.engine.resolve import apply_overrides
 
 # old dotted key -> (new dotted key, a value that is not the default)
 CONFIG_RENAMES = {
@@ -65,12 +66,9 @@ def test_an_old_config_json_key_is_refused():
 
 @pytest.mark.parametrize("method", MASKED_MEAN_METHODS)
 def test_masked_mean_is_hashed_under_its_old_name(method):
-    from dfbench.methods.registry import hash_names
-
     new = apply_overrides(RunConfig(), {"method": method, "method.masked_mean": "zero_fill"})
     assert new.run_id() != apply_overrides(RunConfig(), {"method": method}).run_id()
     assert schema.identity(experiment_schema(), new)["method_params"]["aggregation"] == "zero_fill"
-    assert hash_names(method) == {"masked_mean": "aggregation"}
     with pytest.raises(ConfigError, match="unknown hyperparameter.*method.aggregation.*method.masked_mean"):
         apply_overrides(RunConfig(), {"method": method, "method.aggregation": "zero_fill"})
 
@@ -80,11 +78,22 @@ def test_the_pinned_pruning_id_holds():
     assert apply_overrides(RunConfig(), {**over, "method.masked_mean": "covered"}).run_id() == "s0-28d067d09e"
 
 
-def test_only_the_masked_mean_methods_rename_a_hyperparameter():
+def test_the_run_id_rename_map_of_the_methods_is_masked_mean_alone_and_no_method_declares_both_names():
     from dfbench import methods
-    from dfbench.methods.registry import hash_names
 
-    assert {m for m in methods.list_methods() if hash_names(m)} == set(MASKED_MEAN_METHODS)
+    assert dict(METHOD_PARAM_HASH_NAMES) == {"masked_mean": "aggregation"}
+    with_it = {m for m in methods.list_methods()
+               if "masked_mean" in {f.name for f in dataclasses.fields(methods.get_method_class(m).Config)}}
+    assert with_it == set(MASKED_MEAN_METHODS)
+    with pytest.raises(TypeError, match="declares both 'masked_mean' and 'aggregation'"):
+
+        @methods.register_method("both_names")
+        class Both(methods.Method):
+            @dataclasses.dataclass(frozen=True)
+            class Config:
+                masked_mean: str = "covered"
+                aggregation: str = "mean"
+    assert "both_names" not in methods.list_methods()
 
 
 def test_signsgd_keeps_its_aggregation_rule():
@@ -98,7 +107,8 @@ def test_nothing_of_the_old_reading_is_left():
     from dfbench.methods import Method, registry
 
     for module, name in ((parsing, "deprecated_key"), (config, "upgrade_keys"), (config, "renamed_keys"),
-                         (registry, "renamed"), (registry, "upgrade_params"), (schema, "renamed_keys")):
+                         (registry, "renamed"), (registry, "upgrade_params"), (registry, "hashed_params"),
+                         (schema, "renamed_keys")):
         assert not hasattr(module, name), f"{module.__name__}.{name}"
     assert not hasattr(Method, "aggregation") and not hasattr(Method, "several_ranks")
     assert "renamed_from" not in {f.name for f in dataclasses.fields(schema.FieldSpec)}

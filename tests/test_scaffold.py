@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core.config import ConfigError, check_world
+from dfbench.benchmark.core.config import ConfigError
+from dfbench.benchmark.engine.resolve import resolve
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import final_params, local_train_kw, rows, sigkill_then_resume, tiny_config
@@ -90,8 +91,8 @@ def test_batched_mode_and_several_processes_are_refused_before_any_data(tmp_path
     # several ranks: refused by the run's life cycle with the real world size, before the lock or any folder
     cfg = tiny_config("scaffold")
     with pytest.raises(ConfigError, match=r"world size 1, here 2"):
-        check_world(cfg, 2)
-    check_world(cfg, 1)  # one process is fine
+        resolve(cfg, 2)
+    resolve(cfg, 1)  # one process is fine
     assert not any(tmp_path.iterdir())
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from dfbench.benchmark.core import config as C
 from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare
+from dfbench.benchmark.engine.resolve import apply_overrides, config_from_dict, resolve
 from dfbench.benchmark.metrics import drift
 
 DEFAULT_ID = "s0-207c7bc670"  # RunConfig()'s run id (pinned in tests/test_run_ids.py)
@@ -28,7 +29,7 @@ def _with_dummy(monkeypatch, **declaration) -> type:
 
 
 def _cfg(train: type, dummy: float, seed: int = 0) -> C.RunConfig:
-    return C.RunConfig(seed=seed, train=train(dummy=dummy))
+    return resolve(C.RunConfig(seed=seed, train=train(dummy=dummy)))
 
 
 LATER = {"since": SCHEMA_VERSION + 1, "neutral": 0.0, "label": "dmy"}
@@ -40,9 +41,9 @@ def test_a_later_result_field_moves_the_id_only_off_its_neutral_value(monkeypatc
     assert _cfg(train, 0.5).run_id() != DEFAULT_ID
     assert _cfg(train, 0.5).run_id() == _cfg(train, 0.5).run_id() != _cfg(train, 0.25).run_id()
     # a stored config without the field reads back at the neutral value, with the same id
-    stored = C.RunConfig().record()
+    stored = resolve(C.RunConfig()).record()
     assert "dummy" not in stored["train"]
-    back = C.RunConfig.from_dict(stored)
+    back = config_from_dict(stored)
     assert back.train.dummy == 0.0 and back.run_id() == DEFAULT_ID
     assert "train.dummy" in C.later_fields() and "train.dummy" not in C.execution_keys()
 
@@ -56,8 +57,8 @@ def test_an_execution_field_never_moves_the_id(monkeypatch):
 def test_an_inactive_field_never_moves_the_id(monkeypatch):
     train = _with_dummy(monkeypatch, **LATER, active=lambda get: get("train.driver") != "sync")
     assert _cfg(train, 0.5).run_id() == DEFAULT_ID  # synchronous rounds: the field changes nothing
-    fedbuff = C.apply_overrides(_cfg(train, 0.0), {"train.driver": "fedbuff"})
-    assert C.apply_overrides(fedbuff, {"train.dummy": 0.5}).run_id() != fedbuff.run_id()
+    fedbuff = apply_overrides(_cfg(train, 0.0), {"train.driver": "fedbuff"})
+    assert apply_overrides(fedbuff, {"train.dummy": 0.5}).run_id() != fedbuff.run_id()
 
 
 def test_a_result_field_added_later_must_say_its_neutral_value():
@@ -66,9 +67,9 @@ def test_a_result_field_added_later_must_say_its_neutral_value():
 
 
 def test_config_json_records_the_schema_version_outside_the_id():
-    record = C.RunConfig().record()
+    record = resolve(C.RunConfig()).record()
     assert record["schema"] == SCHEMA_VERSION and record["run_id"] == DEFAULT_ID
-    assert C.RunConfig.from_dict(record).run_id() == DEFAULT_ID
+    assert config_from_dict(record).run_id() == DEFAULT_ID
 
 
 def _write_run(root: Path, record: dict, value: float) -> Path:
@@ -116,3 +117,19 @@ def test_grouping_and_drift_ignore_an_execution_field(tmp_path, monkeypatch):
     assert len(data.table) == 1 and int(data.table["n"].iloc[0]) == 3  # seeds 0, 1, 2: one setting
     assert not any(c.endswith("dummy") for c in data.table.columns)  # nor a leaderboard column
     assert drift._budget(records[0] | {"seed": 1}) == drift._budget(records[1])
+
+
+def test_only_a_resolved_config_has_a_run_id_and_resolving_fills_in_the_methods_hyperparameters():
+    from dfbench import methods
+
+    raw = C.RunConfig(method="fedprox")  # core checks its own fields; the method's are resolve.py's
+    assert not raw.resolved and dict(raw.method_params) == {}
+    with pytest.raises(C.ConfigError, match="not resolved.*resolve"):
+        raw.run_id()
+    cfg = resolve(raw)
+    assert cfg.resolved and dict(cfg.method_params) == dataclasses.asdict(methods.method_config("fedprox", {}))
+    assert cfg.run_id() == apply_overrides(C.RunConfig(), {"method": "fedprox"}).run_id() == resolve(cfg).run_id()
+    assert dataclasses.replace(cfg, seed=1).resolved  # the same method: its hyperparameters still hold
+    assert not dataclasses.replace(cfg, method="fedavg").resolved  # another method: resolved anew
+    with pytest.raises(C.ConfigError, match="unknown hyperparameter"):
+        resolve(C.RunConfig(method="fedprox", method_params={"mu_": 1}))

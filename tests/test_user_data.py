@@ -20,7 +20,8 @@ from PIL import Image
 
 from dfbench import datasets
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import USER_DATA_KINDS, ConfigError, RunConfig, apply_overrides
+from dfbench.benchmark.core.config import ConfigError, RunConfig, data_kind
+from dfbench.benchmark.engine.resolve import apply_overrides, config_from_dict
 from dfbench.datasets import DatasetError, data_info, load, user_digest
 from dfbench.datasets.hf import import_hf_datasets
 from dfbench.datasets.user_data import USER_KINDS, parse_user_spec
@@ -96,8 +97,8 @@ def test_the_spec_parses_kind_path_and_options_and_refuses_unknown_ones():
         parse_user_spec("folder:/a?test=1.5")
     with pytest.raises(DatasetError, match="no path"):
         parse_user_spec("folder:")
-    # the config's copy of the prefixes (kept torch-free for the reporter) is the datasets layer's list
-    assert USER_DATA_KINDS == USER_KINDS
+    # the config (core, below the datasets' owners of the kinds) reads a spec's kind by its form, KIND:WHERE
+    assert [data_kind(f"{k}:/a?test=0.2") for k in USER_KINDS] == list(USER_KINDS) and data_kind("fmnist") is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ def test_the_run_id_hashes_the_content_not_the_path_and_built_in_ids_stay(tmp_pa
     Image.fromarray(x, "L").save(f)
     assert _config(f"folder:{copy}").run_id() != a.run_id()
     # the built-in datasets: no digest recorded, ids as pinned (tests/test_run_ids.py)
-    assert RunConfig().data.sha256 == "" and RunConfig().run_id() == "s0-207c7bc670"
+    assert apply_overrides(RunConfig(), {}).data.sha256 == "" and apply_overrides(RunConfig(), {}).run_id() == "s0-207c7bc670"
     assert apply_overrides(RunConfig(), {"data.dataset": "svhn"}).data.sha256 == ""
 
 
@@ -312,10 +313,10 @@ def test_config_json_records_the_digest_and_a_changed_dataset_is_refused_when_it
     cfg = _config(f"folder:{root}")
     record = json.loads(json.dumps(cfg.record()))
     assert record["data"]["sha256"] == cfg.data.sha256 and record["data"]["dataset"] == f"folder:{root}"
-    assert RunConfig.from_dict(record).run_id() == cfg.run_id()
+    assert config_from_dict(record).run_id() == cfg.run_id()
     _image(0, 50).save(root / "train" / "cat" / "50.png")  # one image more
     with pytest.raises(ConfigError, match=r"data.sha256.*the data changed since this config was written"):
-        RunConfig.from_dict(record)
+        config_from_dict(record)
     # another dataset by override takes its own digest (none for a built-in one)
     other = apply_overrides(cfg, {"data.dataset": "fmnist"})
     assert other.data.sha256 == "" and other.run_id() == apply_overrides(RunConfig(), TINY).run_id()

@@ -1,4 +1,4 @@
-"""Run configuration: frozen dataclasses, validated when built.
+"""Run configuration: frozen dataclasses, their own fields checked when built.
 
 A run is fully described by one `RunConfig`. Each field declares, where it is defined
 (`schema.declare`), whether it changes the result (then it is in the run id) or only where and
@@ -10,6 +10,12 @@ random numbers than a CPU).
 
 Dotted keys address fields for `--set KEY=VALUE`: `train.lr=1e-3`,
 `system.participation=0.5`, `method.mu=0.01`, `eval.samples=500`, `seed=3`.
+
+This module is core: it imports nothing of the methods or the datasets. A `RunConfig` checks its own
+fields when it is built (`check_fields`); what needs the method registry or the data (the method's
+hyperparameters and its checks, the dataset, the partition, the preset against the images) is checked
+by `benchmark/engine/resolve.py`, which returns the config *resolved*: its hyperparameters filled in
+(`MethodParams`). Only a resolved config has a run id.
 """
 
 from __future__ import annotations
@@ -20,16 +26,13 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Mapping
 
-# ConfigError and the value conversion live in a leaf module so that the method registry can use
-# them at import time without importing this module (which validates through the registry).
 from dfbench.benchmark.core import schema
-from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value  # noqa: F401  (re-exported)
+from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value, require  # noqa: F401  (re-exported)
 from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare  # noqa: F401  (SCHEMA_VERSION re-exported)
 
-DATASETS = ("fmnist", "svhn", "cifar10")
 Objective = Literal["ddpm", "fm"]
 Schedule = Literal["linear", "cosine"]
 Sampler = Literal["auto", "ddim", "euler", "heun"]
@@ -64,12 +67,47 @@ def _dp_on(get: schema.Getter) -> bool:  # DP off: its knobs change nothing (and
     return bool(get("privacy.clip"))
 
 
-def _method_params_hashed(get: schema.Getter) -> Any:
-    """The id hashes a renamed method hyperparameter under the name it had (ids are published; see
-    methods.registry.hashed_as): method.masked_mean is hashed as `aggregation`, its name before."""
-    from dfbench.methods.registry import hashed_params
+#: The run-id rename map of the methods' hyperparameters (the config's own fields have theirs at the field,
+#: `declare(hash_name=...)`): a hyperparameter renamed after run ids were published is hashed under the name
+#: it had, so no published id moves. It holds for every method; the registry refuses a method that declares
+#: both names of one entry (methods/registry.py). method.masked_mean (covered | zero_fill) was
+#: method.aggregation, a word that now means the server step in general.
+METHOD_PARAM_HASH_NAMES: Mapping[str, str] = types.MappingProxyType({"masked_mean": "aggregation"})
 
-    return hashed_params(get("method"), get("method_params"))
+
+def hashed_params(params: Any) -> Any:
+    """Method hyperparameters as the run id hashes them: each under its `METHOD_PARAM_HASH_NAMES` name."""
+    if not isinstance(params, Mapping):
+        return params
+    return {METHOD_PARAM_HASH_NAMES.get(k, k): v for k, v in params.items()}
+
+
+def _method_params_hashed(get: schema.Getter) -> Any:
+    return hashed_params(get("method_params"))
+
+
+class MethodParams(Mapping[str, Any]):
+    """The resolved hyperparameters of method `method`: every one of its Config's fields, each of its declared
+    type, frozen ("--set method.bits=4" and bits=4 give one run id). benchmark/engine/resolve.py builds them
+    from the method's Config; a RunConfig whose method_params are its method's is resolved (`RunConfig.resolved`)."""
+
+    __slots__ = ("method", "_values")
+
+    def __init__(self, method: str, values: Mapping[str, Any]) -> None:
+        self.method = method
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"MethodParams({self.method!r}, {self._values!r})"
 
 
 def _times_drawn(get: schema.Getter) -> str:
@@ -80,23 +118,18 @@ def _times_drawn(get: schema.Getter) -> str:
     return "logit_normal" if get("train.objective") == "fm" else "uniform"
 
 
-# the prefixes of data users bring (datasets/user_data.py USER_KINDS; a test keeps the two equal): spelled out
-# here so that hashing a stored config.json (the reporter) imports no torch
-USER_DATA_KINDS = ("folder", "hf")
-
-
-def _user_data_kind(name: Any) -> str | None:
-    """"folder" / "hf" for a user data spec (folder:PATH, hf:PATH?...), else None."""
-    kind, sep, _ = str(name).partition(":")
-    kind = kind.strip().lower()
-    return kind if sep and kind in USER_DATA_KINDS else None
+def data_kind(dataset: Any) -> str | None:
+    """The kind of data users bring, "folder" for folder:PATH, "hf" for hf:PATH?... (KIND:WHERE, the form of
+    datasets/user_data.py, which owns the kinds and checks them); None for a built-in dataset's name."""
+    kind, sep, _ = str(dataset).partition(":")
+    return kind.strip().lower() if sep else None
 
 
 def _dataset_hashed(get: schema.Getter) -> Any:
     """The id hashes what the data is, not where it is: a user dataset by its kind (its content is
     data.sha256), so a copy elsewhere is the same run; a built-in dataset by its name, as always."""
     name = get("data.dataset")
-    return _user_data_kind(name) or name
+    return data_kind(name) or name
 
 
 @dataclass(frozen=True)
@@ -226,14 +259,14 @@ class RunConfig:
     device: str = declare("cpu", role="execution")
 
     def __post_init__(self) -> None:
-        # Store the method's resolved hyperparameters (defaults filled in, values converted to
-        # their declared types), frozen: "--set method.bits=4" and bits=4 give the same run id.
-        resolved = validate(self)
-        object.__setattr__(self, "method_params", types.MappingProxyType(resolved))
-        if _user_data_kind(self.data.dataset) and not self.data.sha256:  # what the data is: part of the run id
-            from dfbench.datasets import user_digest
+        if not isinstance(self.method_params, MethodParams):  # as given (frozen): resolve.py fills them in
+            object.__setattr__(self, "method_params", types.MappingProxyType(dict(self.method_params)))
+        check_fields(self)
 
-            object.__setattr__(self, "data", replace(self.data, sha256=user_digest(self.data.dataset)))
+    @property
+    def resolved(self) -> bool:
+        """Are method_params its method's resolved hyperparameters (benchmark/engine/resolve.py)?"""
+        return isinstance(self.method_params, MethodParams) and self.method_params.method == self.method
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -271,7 +304,7 @@ class RunConfig:
                 bad = set(v) - names
                 if bad:
                     raise ConfigError(f"unknown key(s) {sorted(f'{k}.{b}' for b in bad)}; valid: {sorted(f'{k}.{n}' for n in names)}")
-                kw[k] = sec(**{n: coerce_value(f"{k}.{n}", _field_type(sec, n), x) for n, x in v.items()})
+                kw[k] = sec(**{n: coerce_value(f"{k}.{n}", field_type(sec, n), x) for n, x in v.items()})
             elif k in known:
                 kw[k] = v
         return cls(**kw)
@@ -346,7 +379,12 @@ def device_type(device: Any) -> str:
 def config_hash(cfg: RunConfig) -> str:
     """The hash in the run id: of the result fields as the schema derives them (`schema.identity`: active,
     canonical, later fields at their neutral value left out), plus the device's numerics (`numerics_key`).
-    The schema is read off the config's own classes, so a field declared on a section counts at once."""
+    The schema is read off the config's own classes, so a field declared on a section counts at once.
+    Only a resolved config has one (its method's defaults are part of what it runs)."""
+    if not cfg.resolved:
+        raise ConfigError(f"this RunConfig (method {cfg.method!r}) is not resolved, so it has no run id yet: build it "
+                          "with dfbench.make_config(...) or apply_overrides(...), or pass it through resolve(cfg) "
+                          "(dfbench.benchmark.engine.resolve), which fills in the method's hyperparameters")
     sections = {name: type(getattr(cfg, name)) for name in SECTIONS}
     d = schema.identity(schema.entries(type(cfg), sections), cfg)
     if (numerics := numerics_key(cfg)) is not None:
@@ -357,63 +395,45 @@ def config_hash(cfg: RunConfig) -> str:
 
 # -- validation ---------------------------------------------------------------
 
-def _check(cond: bool, key: str, value: Any, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
-
-
-def validate(cfg: RunConfig) -> dict[str, Any]:
-    """Every check that can be made without loading data, so bad input fails before any work.
-
-    Returns the method's resolved hyperparameters."""
+def check_fields(cfg: RunConfig) -> None:
+    """Every check of the config's own fields, each and against the others, that needs nothing above core:
+    run when a RunConfig is built. What needs the method registry or the datasets is benchmark/engine/resolve.py's."""
     d, t, s, e = cfg.data, cfg.train, cfg.system, cfg.eval
-    _check(d.dataset in DATASETS or _user_data_kind(d.dataset) is not None, "data.dataset", d.dataset,
-           f"{', '.join(DATASETS)}, or your own data: folder:PATH, hf:PATH (README, 'Bring your own data')")
-    _check_data(d)
-    _check(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
-    _check(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
-    _check(d.images_per_client == 0 or d.images_per_client >= d.min_client_size, "data.images_per_client", d.images_per_client,
-           f"0 (all of a client's samples) or an integer >= data.min_client_size ({d.min_client_size})")
-    # The dataset's size is static, so "more clients than samples" fails here, before any data is
-    # loaded (build_context checks again against the data actually loaded).
-    from dfbench.datasets import data_info
-
-    n_train = int(data_info(d.dataset)["num_samples"]["train"])
-    _check(d.clients * d.min_client_size <= n_train, "data.clients", d.clients,
-           f"at most {n_train // d.min_client_size} for {d.dataset} ({n_train} training samples, "
-           f"data.min_client_size={d.min_client_size} each)")
-    _check(t.rounds >= 0, "train.rounds", t.rounds, "an integer >= 0 (0 evaluates the untrained model)")
-    _check(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
-    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
-    _check(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
-    _check(t.lr_decay in typing.get_args(LrDecay), "train.lr_decay", t.lr_decay, ", ".join(typing.get_args(LrDecay)))
-    _check(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
-    _check(t.time_sampling in typing.get_args(TimeSampling), "train.time_sampling", t.time_sampling,
-           ", ".join(typing.get_args(TimeSampling)))
-    _check(t.time_sampling in ("auto", "uniform") or t.objective == "fm", "train.time_sampling", t.time_sampling,
-           "uniform with train.objective=ddpm (its steps are drawn uniformly; logit_normal is for flow matching)")
-    _check(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
-    _check(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
-    _check(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
-    _check_model(cfg)
-    _check(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
-    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
-    _check(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
-    _check(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
-    _check(t.clients_mode in typing.get_args(ClientsMode), "train.clients_mode", t.clients_mode, ", ".join(typing.get_args(ClientsMode)))
-    _check(t.client_batch >= 0, "train.client_batch", t.client_batch, "an integer >= 0 (0 = all of a round's clients)")
-    _check(not (t.compile and cfg.device == "cpu"), "train.compile", t.compile,
-           "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
-    _check(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,
-           "false with train.clients_mode=batched (the vmapped step is not compiled)")
-    _check(t.deterministic or device_type(cfg.device) != "cpu", "train.deterministic", t.deterministic,
-           "true on device cpu (CPU kernels are deterministic already: the switch trades reproducibility for "
-           "speed on CUDA only)")
-    _check(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
-           "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
-    _check(t.driver in typing.get_args(Driver), "train.driver", t.driver, ", ".join(typing.get_args(Driver)))
-    _check(t.concurrency >= 0, "train.concurrency", t.concurrency, "an integer >= 0 (0 = every client)")
-    _check(t.buffer >= 0, "train.buffer", t.buffer, "an integer >= 0 (0 = train.concurrency)")
+    require(d.clients >= 1, "data.clients", d.clients, "an integer >= 1")
+    require(d.min_client_size >= 1, "data.min_client_size", d.min_client_size, "an integer >= 1")
+    require(d.images_per_client == 0 or d.images_per_client >= d.min_client_size, "data.images_per_client", d.images_per_client,
+            f"0 (all of a client's samples) or an integer >= data.min_client_size ({d.min_client_size})")
+    require(t.rounds >= 0, "train.rounds", t.rounds, "an integer >= 0 (0 evaluates the untrained model)")
+    require(t.local_steps >= 1, "train.local_steps", t.local_steps, "an integer >= 1")
+    require(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
+    require(math.isfinite(t.lr) and t.lr > 0, "train.lr", t.lr, "a finite number > 0")
+    require(t.lr_decay in typing.get_args(LrDecay), "train.lr_decay", t.lr_decay, ", ".join(typing.get_args(LrDecay)))
+    require(t.objective in typing.get_args(Objective), "train.objective", t.objective, "ddpm, fm")
+    require(t.time_sampling in typing.get_args(TimeSampling), "train.time_sampling", t.time_sampling,
+            ", ".join(typing.get_args(TimeSampling)))
+    require(t.time_sampling in ("auto", "uniform") or t.objective == "fm", "train.time_sampling", t.time_sampling,
+            "uniform with train.objective=ddpm (its steps are drawn uniformly; logit_normal is for flow matching)")
+    require(t.schedule in typing.get_args(Schedule), "train.schedule", t.schedule, "linear, cosine")
+    require(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
+    require(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
+    require(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
+    require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
+    require(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
+    require(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
+    require(t.clients_mode in typing.get_args(ClientsMode), "train.clients_mode", t.clients_mode, ", ".join(typing.get_args(ClientsMode)))
+    require(t.client_batch >= 0, "train.client_batch", t.client_batch, "an integer >= 0 (0 = all of a round's clients)")
+    require(not (t.compile and cfg.device == "cpu"), "train.compile", t.compile,
+            "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
+    require(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,
+            "false with train.clients_mode=batched (the vmapped step is not compiled)")
+    require(t.deterministic or device_type(cfg.device) != "cpu", "train.deterministic", t.deterministic,
+            "true on device cpu (CPU kernels are deterministic already: the switch trades reproducibility for "
+            "speed on CUDA only)")
+    require(not (t.channels_last and t.clients_mode == "batched"), "train.channels_last", t.channels_last,
+            "false with train.clients_mode=batched (vmap folds the clients into the channels, so NHWC buys nothing there)")
+    require(t.driver in typing.get_args(Driver), "train.driver", t.driver, ", ".join(typing.get_args(Driver)))
+    require(t.concurrency >= 0, "train.concurrency", t.concurrency, "an integer >= 0 (0 = every client)")
+    require(t.buffer >= 0, "train.buffer", t.buffer, "an integer >= 0 (0 = train.concurrency)")
     parse_staleness(t.staleness)
     if t.driver == "fedbuff":
         c = t.concurrency or d.clients
@@ -425,172 +445,69 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
             (s.dropout > 0, "system.dropout", s.dropout, "0 with train.driver=fedbuff (there is no synchronous round to drop out of)"),
             (s.deadline > 0, "system.deadline", s.deadline, "0 with train.driver=fedbuff (there is no round to wait for)"),
         ]:
-            _check(not bad, key, value, allowed)
-    _check(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
-    _check(s.sampling in typing.get_args(Sampling), "system.sampling", s.sampling, ", ".join(typing.get_args(Sampling)))
-    _check(not (s.sampling == "poisson" and t.driver == "fedbuff"), "system.sampling", s.sampling,
-           "fixed with train.driver=fedbuff (train.concurrency picks who trains)")
-    _check(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
-    _check(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
-    _check(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
+            require(not bad, key, value, allowed)
+    require(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
+    require(s.sampling in typing.get_args(Sampling), "system.sampling", s.sampling, ", ".join(typing.get_args(Sampling)))
+    require(not (s.sampling == "poisson" and t.driver == "fedbuff"), "system.sampling", s.sampling,
+            "fixed with train.driver=fedbuff (train.concurrency picks who trains)")
+    require(0.0 <= s.dropout < 1.0, "system.dropout", s.dropout, "a number in [0, 1)")
+    require(0.0 <= s.stragglers <= 1.0, "system.stragglers", s.stragglers, "a number in [0, 1]")
+    require(0.0 < s.straggler_steps <= 1.0, "system.straggler_steps", s.straggler_steps, "a number in (0, 1]")
     parse_capacity(s.capacity)
     parse_speed(s.speed)
-    _check(math.isfinite(s.compute_rate) and s.compute_rate > 0, "system.compute_rate", s.compute_rate,
-           "a finite number > 0 (images per second of a speed-1 client)")
+    require(math.isfinite(s.compute_rate) and s.compute_rate > 0, "system.compute_rate", s.compute_rate,
+            "a finite number > 0 (images per second of a speed-1 client)")
     for key, v in (("system.uplink_mbps", s.uplink_mbps), ("system.downlink_mbps", s.downlink_mbps),
                    ("system.deadline", s.deadline)):
-        _check(math.isfinite(v) and v >= 0, key, v, "a finite number >= 0 (0 = off)")
-    _check(e.samples >= 1, "eval.samples", e.samples, "an integer >= 1")
-    _check(e.sampler in typing.get_args(Sampler), "eval.sampler", e.sampler, "auto, ddim, euler, heun")
+        require(math.isfinite(v) and v >= 0, key, v, "a finite number >= 0 (0 = off)")
+    require(e.samples >= 1, "eval.samples", e.samples, "an integer >= 1")
+    require(e.sampler in typing.get_args(Sampler), "eval.sampler", e.sampler, "auto, ddim, euler, heun")
     if e.sampler != "auto":
         ok = (e.sampler == "ddim") == (t.objective == "ddpm")
-        _check(ok, "eval.sampler", e.sampler, "ddim for objective ddpm; euler or heun for objective fm")
-    _check(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
-    _check(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
-    _check(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
-    _check(e.every >= 0, "eval.every", e.every, "an integer >= 0 (rounds between quality-curve points; 0 = off)")
-    _check(not (e.every and e.metrics == "none"), "eval.every", e.every,
-           "0 with eval.metrics=none (the quality curve scores the model; name a metric or use auto)")
-    _check(e.curve_samples >= 2, "eval.curve_samples", e.curve_samples, "an integer >= 2 (a Frechet distance needs two samples)")
-    _check(e.leakage_members >= 2, "eval.leakage_members", e.leakage_members,
-           "an integer >= 2 (members per client for the membership-inference attack)")
+        require(ok, "eval.sampler", e.sampler, "ddim for objective ddpm; euler or heun for objective fm")
+    require(e.sampler_steps >= 1, "eval.sampler_steps", e.sampler_steps, "an integer >= 1")
+    require(e.reference_split in ("train", "test"), "eval.reference_split", e.reference_split, "train, test")
+    require(e.grid >= 1 and e.grid * e.grid <= e.samples, "eval.grid", e.grid, f"1..{math.isqrt(e.samples)} (grid^2 <= eval.samples)")
+    require(e.every >= 0, "eval.every", e.every, "an integer >= 0 (rounds between quality-curve points; 0 = off)")
+    require(not (e.every and e.metrics == "none"), "eval.every", e.every,
+            "0 with eval.metrics=none (the quality curve scores the model; name a metric or use auto)")
+    require(e.curve_samples >= 2, "eval.curve_samples", e.curve_samples, "an integer >= 2 (a Frechet distance needs two samples)")
+    require(e.leakage_members >= 2, "eval.leakage_members", e.leakage_members,
+            "an integer >= 2 (members per client for the membership-inference attack)")
     _check_privacy(cfg)
-    _check(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
-    _check(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
-    _check(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
-    _check(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
-    # Partition spec and method name / hyperparameters are checked by their owners.
-    from dfbench.datasets import parse_partition
-
-    try:
-        parse_partition(d.partition)
-    except ValueError as err:
-        raise ConfigError(f"invalid value for 'data.partition': {err}") from None
-    from dfbench.methods import get_method_class, method_config
-
-    try:
-        mc = method_config(cfg.method, dict(cfg.method_params))
-        # what the method cannot run (declared capabilities, its own check), refused here so
-        # `dfbench run`, the API and every cell of `dfbench grid --dry-run` say it before any data is loaded
-        get_method_class(cfg.method).check(mc, cfg)
-    except (KeyError, TypeError, ValueError) as err:
-        msg = err.args[0] if err.args else str(err)
-        raise ConfigError(msg) from None
-    return dataclasses.asdict(mc)
-
-
-def _check_model(cfg: RunConfig) -> None:
-    """train.model beyond its name (benchmark/core/presets.py): a diffusers preset needs diffusers at the
-    pinned release, and a preset's down-sampling must take the dataset's image side."""
-    from dfbench.benchmark.core import presets
-    from dfbench.datasets import data_info
-
-    name = cfg.train.model
-    if name == "auto":
-        return
-    if presets.family(name) == "diffusers":
-        problem = presets.diffusers_problem()
-        _check(problem is None, "train.model", name, f"auto or a built-in preset ({', '.join(presets.BUILTIN)}) "
-               f"until diffusers is usable; {problem}")
-    multiple = presets.side_multiple(name)
-    if multiple == 1:  # the built-in UNet takes any side
-        return
-    _, h, w = (int(v) for v in data_info(cfg.data.dataset)["image_shape"])
-    _check(h % multiple == 0 and w % multiple == 0, "train.model", name,
-           f"a preset whose down-sampling takes {cfg.data.dataset}'s {h}x{w} images ({name} halves each side "
-           f"until it is {multiple} times smaller, so it needs multiples of {multiple}), e.g. diffusers-tiny or auto")
-
-
-def _check_data(d: DataConfig) -> None:
-    """Data users bring is read now (datasets/user_data.py: every check of its files runs, a DatasetError names
-    the file), and a recorded data.sha256 must still be its digest; a built-in dataset records none."""
-    if _user_data_kind(d.dataset) is None:
-        _check(d.sha256 == "", "data.sha256", d.sha256, "'' for the built-in datasets (their files are pinned by checksum)")
-        return
-    from dfbench.datasets import user_digest
-
-    digest = user_digest(d.dataset)
-    _check(d.sha256 in ("", digest), "data.sha256", d.sha256,
-           f"'' (filled in from the data) or {digest}, the digest of the data now at {d.dataset!r}: the data changed "
-           "since this config was written; restore it, or drop data.sha256 to start a new run on the data as it is")
+    require(e.sample_batch >= 1, "eval.sample_batch", e.sample_batch, "an integer >= 1")
+    require(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
+    require(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
+    require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
 
 
 def _check_privacy(cfg: RunConfig) -> None:
     """privacy.*: the values, and what DP's guarantee needs of the rest of the run (benchmark/engine/privacy.py).
     The method's part (its aggregation must be the weighted mean of the clients' models) is its `check`."""
     p = cfg.privacy
-    _check(p.clip >= 0 and not math.isnan(p.clip), "privacy.clip", p.clip,
-           "a number >= 0 (0 = DP off; inf = no clipping, only with privacy.noise=0)")
-    _check(math.isfinite(p.noise) and p.noise >= 0, "privacy.noise", p.noise, "a finite number >= 0")
-    _check(0 < p.delta < 1, "privacy.delta", p.delta, "a number in (0, 1)")
-    _check(p.weighting in typing.get_args(Weighting), "privacy.weighting", p.weighting, ", ".join(typing.get_args(Weighting)))
+    require(p.clip >= 0 and not math.isnan(p.clip), "privacy.clip", p.clip,
+            "a number >= 0 (0 = DP off; inf = no clipping, only with privacy.noise=0)")
+    require(math.isfinite(p.noise) and p.noise >= 0, "privacy.noise", p.noise, "a finite number >= 0")
+    require(0 < p.delta < 1, "privacy.delta", p.delta, "a number in (0, 1)")
+    require(p.weighting in typing.get_args(Weighting), "privacy.weighting", p.weighting, ", ".join(typing.get_args(Weighting)))
     if not p.clip:
-        _check(not p.noise, "privacy.noise", p.noise, "0 while privacy.clip=0 (DP is off; set privacy.clip=C to turn it on)")
+        require(not p.noise, "privacy.noise", p.noise, "0 while privacy.clip=0 (DP is off; set privacy.clip=C to turn it on)")
         return
-    _check(not (p.noise and math.isinf(p.clip)), "privacy.clip", p.clip,
-           f"a finite number with privacy.noise={p.noise:g} (the noise is scaled to the clipping bound: an unclipped "
-           "update has no bound)")
-    _check(cfg.train.driver == "sync", "train.driver", cfg.train.driver,
-           "sync with privacy.clip > 0 (the accountant composes one subsampled Gaussian mechanism per synchronous round)")
-    _check(cfg.system.participation == 1.0 or cfg.system.sampling == "poisson", "system.sampling", cfg.system.sampling,
-           f"poisson with privacy.clip > 0 and system.participation={cfg.system.participation:g} (the accountant's "
-           "subsampling is Poisson: each client in with probability q); use --set system.sampling=poisson")
+    require(not (p.noise and math.isinf(p.clip)), "privacy.clip", p.clip,
+            f"a finite number with privacy.noise={p.noise:g} (the noise is scaled to the clipping bound: an unclipped "
+            "update has no bound)")
+    require(cfg.train.driver == "sync", "train.driver", cfg.train.driver,
+            "sync with privacy.clip > 0 (the accountant composes one subsampled Gaussian mechanism per synchronous round)")
+    require(cfg.system.participation == 1.0 or cfg.system.sampling == "poisson", "system.sampling", cfg.system.sampling,
+            f"poisson with privacy.clip > 0 and system.participation={cfg.system.participation:g} (the accountant's "
+            "subsampling is Poisson: each client in with probability q); use --set system.sampling=poisson")
     if p.noise:
         from importlib.util import find_spec
 
-        _check(find_spec("opacus") is not None, "privacy.noise", p.noise,
-               "0 unless Opacus is installed (its RDP accountant gives epsilon): pip install 'dfbench[privacy]'")
+        require(find_spec("opacus") is not None, "privacy.noise", p.noise,
+                "0 unless Opacus is installed (its RDP accountant gives epsilon): pip install 'dfbench[privacy]'")
 
 
-def check_world(cfg: RunConfig, world: int) -> None:
-    """The method's check again with the real number of ranks (torchrun), before any data is loaded."""
-    from dfbench.methods import get_method_class, method_config
-
-    _check(not (cfg.train.driver == "fedbuff" and world > 1), "train.driver", cfg.train.driver,
-           f"sync under torchrun (here {world} ranks): the asynchronous driver runs in one process")
-    try:
-        get_method_class(cfg.method).check(method_config(cfg.method, dict(cfg.method_params)), cfg, world)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(err.args[0] if err.args else str(err)) from None
-
-
-# -- overrides ------------------------------------------------------------------
-
-_SECTIONS = ("data", "train", "system", "eval", "privacy")
-
-
-def _field_type(cls: type, name: str) -> Any:
+def field_type(cls: type, name: str) -> Any:
+    """The declared type of field `name` of config class `cls` (what a value for it is converted to)."""
     return typing.get_type_hints(cls)[name]
-
-
-def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
-    """Apply dotted overrides {'train.lr': 1e-3, 'method.mu': 0.01, 'seed': 1} and re-validate.
-
-    Validation runs once, on the result: a combination that only the overrides together make
-    valid (a method, its hyperparameters and the partition it needs) is never refused half-way.
-    A new 'method' starts from its own default hyperparameters (the old method's do not carry over).
-    """
-    top: dict[str, Any] = {}
-    secs: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
-    switching = "method" in items and str(items["method"]) != cfg.method
-    mparams = {} if switching else dict(cfg.method_params)
-    top_names = {f.name for f in fields(RunConfig)} - set(_SECTIONS) - {"method_params"}
-    for key, value in items.items():
-        head, _, rest = key.partition(".")
-        if head == "method" and rest:
-            mparams[rest] = value
-        elif head in _SECTIONS and rest:
-            sec_cls = type(getattr(cfg, head))
-            names = [f.name for f in fields(sec_cls)]
-            if rest not in names:
-                raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}")
-            secs[head][rest] = coerce_value(key, _field_type(sec_cls, rest), value)
-        elif head in top_names and not rest:
-            top[head] = coerce_value(key, _field_type(RunConfig, head), value)
-        else:
-            valid = sorted(top_names) + [f"{s}.<field>" for s in _SECTIONS] + ["method.<hyperparameter>"]
-            raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
-    if "dataset" in secs["data"] and "sha256" not in secs["data"]:
-        secs["data"]["sha256"] = ""  # another dataset: its digest is taken anew (user data), none recorded (built-in)
-    new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
-    return replace(cfg, **top, **new_secs, method_params=mparams)

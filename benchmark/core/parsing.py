@@ -18,6 +18,12 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and the allowed values."""
 
 
+def require(cond: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise the one ConfigError of a bad value unless `cond`: "invalid value for 'KEY': VALUE; allowed: ..."."""
+    if not cond:
+        raise ConfigError(f"invalid value for '{key}': {value!r}; allowed: {allowed}")
+
+
 def coerce_value(key: str, typ: Any, value: Any) -> Any:
     """Convert a CLI string (or JSON value) to the field's type, with a clear error."""
     origin = typing.get_origin(typ)

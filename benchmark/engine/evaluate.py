@@ -32,6 +32,7 @@ from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
 from dfbench.benchmark.engine import heldout, leakage, privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
+from dfbench.benchmark.engine.resolve import apply_overrides, config_from_dict
 from dfbench.benchmark.metrics.drift import attach_drift
 
 
@@ -358,11 +359,9 @@ def evaluate_dir(d: str | Path, device: str | None = None, *, sample_batch: int 
     if not (d / runfolder.CONFIG).exists():
         raise FileNotFoundError(f"{d} is not a run folder (no {runfolder.CONFIG}); pass the folder that `dfbench run` printed")
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    cfg = on_device(config_from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
     batches = {k: v for k, v in (("sample_batch", sample_batch), ("feature_batch", feature_batch)) if v is not None}
     if batches:
-        from dfbench.benchmark.core.config import apply_overrides
-
         cfg = apply_overrides(cfg, {f"eval.{k}": v for k, v in batches.items()})  # validated
     try:
         return _evaluate_dir(d, cfg)
@@ -474,10 +473,8 @@ def rescore_dir(d: str | Path, device: str | None = None, *, feature_batch: int 
     if metrics.get("evaluation_pending"):
         return evaluate_dir(d, device, feature_batch=feature_batch)
     device = eval_device(device)
-    cfg = on_device(RunConfig.from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
+    cfg = on_device(config_from_dict(runfolder.read_json(d / runfolder.CONFIG)), device)
     if feature_batch is not None:
-        from dfbench.benchmark.core.config import apply_overrides
-
         cfg = apply_overrides(cfg, {"eval.feature_batch": feature_batch})
     try:
         return _rescore_dir(d, cfg, metrics)

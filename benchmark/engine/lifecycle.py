@@ -28,11 +28,12 @@ import torch
 
 from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
-from dfbench.benchmark.core.config import ConfigError, RunConfig, check_world, round_lr
+from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
 from dfbench.benchmark.engine import distributed, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
+from dfbench.benchmark.engine.resolve import resolve
 from dfbench.benchmark.engine.asynchronous import make_driver
 from dfbench.benchmark.engine.training import train_round
 from dfbench.benchmark.tracking import Trackers, parse_trackers
@@ -97,7 +98,9 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
     """
     trackers = parse_trackers(log)
     rank, world = distributed.rank_world()
-    check_world(cfg, world)  # e.g. per-client state across ranks: refused before the lock, a folder or any data
+    # checked again with the real number of ranks (e.g. per-client state across ranks): refused before the lock,
+    # a folder or any data; a config built by hand (RunConfig(...)) is resolved here
+    cfg = resolve(cfg, world)
     d = runfolder.run_dir(out, cfg)
     writer = rank == 0
     mine: RunLock | None = None

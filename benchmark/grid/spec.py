@@ -4,7 +4,7 @@ A grid file (benchmark/grid/builtin/NAME.toml, or any path):
 
     name = "demo"
     description = "..."
-    [base]                      # dotted RunConfig keys (see config.apply_overrides) -> value
+    [base]                      # dotted RunConfig keys (see engine/resolve.apply_overrides) -> value
     "train.rounds" = 5
     [axes]                      # the cartesian product of these lists, in file order
     method = ["fedavg", "fedprox?mu=0.01"]     # "name?key=value&key2=value2": hyperparameters
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dfbench.benchmark.core import runfolder
-from dfbench.benchmark.core.config import ConfigError, RunConfig, apply_overrides, parse_value
+from dfbench.benchmark.core.config import ConfigError, RunConfig, parse_value
+from dfbench.benchmark.engine.resolve import apply_overrides
 
 GRIDS_DIR = Path(__file__).with_name("builtin")
 TOP_KEYS = ("name", "description", "base", "axes", "cells")
