@@ -1,7 +1,7 @@
 """The diffusers model presets (benchmark/engine/diffusers_models.py, the optional extra `dfbench[diffusers]`):
 diffusers' UNet2DModel behind the built-in UNet's call, with the built-in path's guarantees.
 
-- the preset lists agree (config's Preset, benchmark/core/presets.py, the built-in PRESETS);
+- config's Preset is derived from the one preset table (benchmark/core/presets.py), every preset has a cost;
 - DDPM's CIFAR-10 network has the paper's 35.7M parameters (Ho et al. 2020); every count is pinned;
 - the time convention: t in [0, 1] reaches UNet2DModel as 1000 t (the built-in UNet's scale);
 - a missing or other diffusers, or an image side the down-sampling cannot take, is refused when the
@@ -64,18 +64,17 @@ def _count(name: str, channels: int) -> int:
 
 # -- the presets ------------------------------------------------------------------------------
 
-def test_the_preset_lists_agree():
-    # config's Literal, the core catalogue, the built-in specs and this file's counts name the same presets
+def test_the_preset_table_is_what_the_config_and_the_families_read():
+    # config's Literal is derived from the one table (benchmark/core/presets.py); this file's counts cover it
     assert typing.get_args(Preset) == ("auto", *presets.ALL)
-    assert tuple(builtin.PRESETS) == presets.BUILTIN
+    assert presets.BUILTIN == tuple(n for n in presets.ALL if presets.PRESETS[n].unet is not None)
     assert set(PARAMS) == set(presets.ALL)
     assert [presets.family(n) for n in presets.ALL] == ["builtin"] * 5 + ["diffusers"] * 2
     assert presets.side_multiple("diffusers-ddpm-cifar10") == 8 and presets.side_multiple(TINY) == 2
     assert presets.side_multiple("small28") == 1
-    # the grid planner has a CPU cost for every preset (it indexes, no fallback)
-    from dfbench.benchmark.grid.plan import CPU_MS_PER_SAMPLE_GRAD
-
-    assert set(CPU_MS_PER_SAMPLE_GRAD) == set(presets.ALL)
+    # every preset has a CPU cost for the grid planner, and the small ones are the cheap ones
+    assert all(presets.PRESETS[n].cpu_ms_per_sample_grad > 0 for n in presets.ALL)
+    assert presets.PRESETS["tiny"].cpu_ms_per_sample_grad < presets.PRESETS["base32"].cpu_ms_per_sample_grad
 
 
 def test_ddpm_cifar10_has_the_papers_parameter_count():

@@ -12,7 +12,8 @@ import torch
 from dfbench import methods
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.lifecycle import run
-from dfbench.benchmark.engine.model import PRESETS, UNet, flatten_
+from dfbench.benchmark.core.presets import unet_spec
+from dfbench.benchmark.engine.model import UNet, flatten_
 from dfbench.methods.pruning import weight_macs
 from dfbench.benchmark.core.config import ConfigError
 from helpers import final_params, rows, sigkill_then_resume, tiny_config
@@ -25,7 +26,7 @@ TINY_CATS = {"up.0.0": (16, 16), "up.1.0": (16, 8), "up.3.0": (16, 8), "up.4.0":
 def _hand_narrow(full: torch.nn.Module, scaler: bool) -> UNet:
     """The rate-1/2 tiny UNet (channels 4) holding the leading channels of `full`, built by hand."""
     torch.manual_seed(0)
-    narrow = UNet(1, replace(PRESETS["tiny"], channels=4))
+    narrow = UNet(1, replace(unet_spec("tiny"), channels=4))
     narrow.base, narrow.time[0] = 8, torch.nn.Linear(8, 16)  # the time features are an input: all 8 of them
     fp = dict(full.named_parameters())
     with torch.no_grad():

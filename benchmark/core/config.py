@@ -29,16 +29,16 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Mapping
 
-from dfbench.benchmark.core import schema
+from dfbench.benchmark.core import presets, schema
 from dfbench.benchmark.core.parsing import ConfigError, coerce_value, parse_capacity, parse_speed, parse_staleness, parse_value, require  # noqa: F401  (re-exported)
 from dfbench.benchmark.core.schema import SCHEMA_VERSION, declare  # noqa: F401  (SCHEMA_VERSION re-exported)
 
 Objective = Literal["ddpm", "fm"]
 Schedule = Literal["linear", "cosine"]
 Sampler = Literal["auto", "ddim", "euler", "heun"]
-# train.model: "auto" (per dataset), the built-in UNet's presets, diffusers' UNet2DModel presets (the optional
-# extra); what each needs: benchmark/core/presets.py (a test keeps the two lists equal)
-Preset = Literal["auto", "tiny", "small28", "small32", "base28", "base32", "diffusers-tiny", "diffusers-ddpm-cifar10"]
+# train.model: "auto" (per dataset) or a preset of benchmark/core/presets.py's table (the built-in UNet's, diffusers'
+# UNet2DModel's: the optional extra), derived from it
+Preset = Literal[("auto", *presets.ALL)]  # type: ignore[valid-type]
 Amp = Literal["off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]

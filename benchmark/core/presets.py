@@ -1,27 +1,41 @@
-"""The model presets `train.model` names, and what a config check needs to know of each.
+"""The model presets `train.model` names: ONE table (`PRESETS`), from which everything else is derived.
 
 Two families:
-- `builtin`: the benchmark's own time-conditioned UNet (benchmark/engine/model.py, `PRESETS` there);
+- `builtin`: the benchmark's own time-conditioned UNet (benchmark/engine/model.py builds it from the
+  preset's `UNetSpec` here);
 - `diffusers`: Hugging Face diffusers' `UNet2DModel` (benchmark/engine/diffusers_models.py), an
   optional extra (`pip install 'dfbench[diffusers]'`, pinned to `DIFFUSERS_VERSION`: the flat
   parameter layout is the module's parameter names and order, so another release could train
   another network under the same run id).
 
-This module is core (no torch, no diffusers import): the facts here are what config validation
-checks before any work -- the preset's family, what it needs installed, which image sides its
-down-sampling takes, whether the network can be rebuilt at another width -- and, for the diffusers
-presets, the `UNet2DModel` arguments themselves (one source: the engine builds from them).
+Each preset's row says its family, the network's arguments (a `UNetSpec` or the `UNet2DModel`
+keywords) and its planning cost on a CPU. Derived from the table: config.py's `Preset` Literal and
+its check of train.model, the model factory's arguments (engine/model.py `build_model`), the grid
+planner's costs (grid/plan.py), what `auto` resolves to per dataset (`AUTO`), and the facts config
+validation checks before any work -- the family, what it needs installed, which image sides its
+down-sampling takes, whether the network can be rebuilt at another width. No other module lists
+preset names (tests/test_presets.py checks it). This module is core: no torch, no diffusers import.
 """
 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 Family = Literal["builtin", "diffusers"]
 
-#: the built-in UNet's presets, small to large (their specs: benchmark/engine/model.py PRESETS)
-BUILTIN: tuple[str, ...] = ("tiny", "small28", "small32", "base28", "base32")
+
+@dataclass(frozen=True)
+class UNetSpec:
+    """The built-in UNet's architecture (benchmark/engine/model.py `UNet`)."""
+
+    channels: int  # base width
+    mults: tuple[int, ...]  # width multiplier per resolution level
+    blocks: int  # residual blocks per level
+    attn_levels: tuple[int, ...]  # levels (0 = full resolution) with self-attention
+    mid_attn: bool = True  # self-attention in the middle block (lowest resolution)
+    dropout: float = 0.0
 
 #: the one diffusers release the diffusers presets are defined (and their run ids valid) for
 DIFFUSERS_VERSION = "0.42.1"
@@ -31,46 +45,91 @@ DIFFUSERS_EXTRA = "pip install 'dfbench[diffusers]'"
 # dropout 0: nn.Dropout draws from torch's global generator, which is neither seeded per client and
 # round nor checkpointed, so dropout would break "same seed, same result" (a resumed run and a run on
 # N ranks would draw other masks); the built-in presets have dropout 0 for the same reason.
-_DIFFUSERS: dict[str, dict[str, Any]] = {  # small to large
-    # for tests and quick CPU runs: two levels (widths 8-16), one residual block each, attention at
-    # the lower level and in the middle (so the attention path is exercised); any even image side
-    "diffusers-tiny": {
-        "block_out_channels": (8, 16),
-        "layers_per_block": 1,
-        "down_block_types": ("DownBlock2D", "AttnDownBlock2D"),
-        "up_block_types": ("AttnUpBlock2D", "UpBlock2D"),
-        "attention_head_dim": None,
-        "norm_num_groups": 4,
-        "norm_eps": 1e-6,
-        "downsample_padding": 0,
-        "flip_sin_to_cos": False,
-        "freq_shift": 1,
-        "dropout": 0.0,
-    },
-    # DDPM's CIFAR-10 network (Ho et al. 2020, Appendix B: 35.7M parameters): widths 128-256-256-256,
-    # two residual blocks per level, self-attention at 16x16 and in the middle, GroupNorm(32), the
-    # sinusoidal embedding of the original code (sin first, shift 1). As google/ddpm-cifar10-32's
-    # config, except dropout (the paper trains with 0.1; see above).
-    "diffusers-ddpm-cifar10": {
-        "block_out_channels": (128, 256, 256, 256),
-        "layers_per_block": 2,
-        "down_block_types": ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
-        "up_block_types": ("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
-        "attention_head_dim": None,  # one head over all channels, as DDPM's attention
-        "norm_num_groups": 32,
-        "norm_eps": 1e-6,
-        "downsample_padding": 0,
-        "flip_sin_to_cos": False,
-        "freq_shift": 1,
-        "dropout": 0.0,
-    },
+
+# For tests and quick CPU runs: two levels (widths 8-16), one residual block each, attention at
+# the lower level and in the middle (so the attention path is exercised); any even image side.
+_TINY_UNET2D: dict[str, Any] = {
+    "block_out_channels": (8, 16),
+    "layers_per_block": 1,
+    "down_block_types": ("DownBlock2D", "AttnDownBlock2D"),
+    "up_block_types": ("AttnUpBlock2D", "UpBlock2D"),
+    "attention_head_dim": None,
+    "norm_num_groups": 4,
+    "norm_eps": 1e-6,
+    "downsample_padding": 0,
+    "flip_sin_to_cos": False,
+    "freq_shift": 1,
+    "dropout": 0.0,
 }
+
+# DDPM's CIFAR-10 network (Ho et al. 2020, Appendix B: 35.7M parameters): widths 128-256-256-256,
+# two residual blocks per level, self-attention at 16x16 and in the middle, GroupNorm(32), the
+# sinusoidal embedding of the original code (sin first, shift 1). As google/ddpm-cifar10-32's
+# config, except dropout (the paper trains with 0.1; see above).
+_DDPM_CIFAR10_UNET2D: dict[str, Any] = {
+    "block_out_channels": (128, 256, 256, 256),
+    "layers_per_block": 2,
+    "down_block_types": ("DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"),
+    "up_block_types": ("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"),
+    "attention_head_dim": None,  # one head over all channels, as DDPM's attention
+    "norm_num_groups": 32,
+    "norm_eps": 1e-6,
+    "downsample_padding": 0,
+    "flip_sin_to_cos": False,
+    "freq_shift": 1,
+    "dropout": 0.0,
+}
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """One row of the preset table."""
+
+    family: Family
+    #: rough cost of one sample-gradient evaluation (forward, backward, Adam share) in ms on 2 CPU cores; one
+    #: sampler network evaluation costs about a third of it (grid/plan.py): a planning aid, +-2x
+    cpu_ms_per_sample_grad: float
+    unet: UNetSpec | None = None  # the built-in family's architecture
+    diffusers: Mapping[str, Any] | None = None  # the diffusers family's UNet2DModel keywords (read-only)
+
+
+# Sizes: "tiny" for tests; "small*" fit a CPU budget (~0.2 s per batch-64 step on 2 cores for small28);
+# "base*" are the GPU presets of the paper-scale grids. CPU costs are scaled from the small28 figure by
+# relative timings; the diffusers presets' ratios to small28 were timed beside it (one thread, 2-core AMD
+# EPYC Zen 4): diffusers-tiny 0.88x, diffusers-ddpm-cifar10 98x (568 ms against 5.8 ms a sample-gradient).
+PRESETS: Mapping[str, ModelPreset] = types.MappingProxyType({  # each family small to large
+    "tiny": ModelPreset("builtin", 1.0, UNetSpec(channels=8, mults=(1, 2), blocks=1, attn_levels=(), mid_attn=False)),
+    "small28": ModelPreset("builtin", 3.0, UNetSpec(channels=16, mults=(1, 2, 2), blocks=1, attn_levels=())),  # 28 -> 14 -> 7
+    "small32": ModelPreset("builtin", 11.0, UNetSpec(channels=32, mults=(1, 2, 2), blocks=1, attn_levels=())),  # 32 -> 16 -> 8
+    "base28": ModelPreset("builtin", 36.0, UNetSpec(channels=64, mults=(1, 2, 2), blocks=2, attn_levels=(2,))),  # 28 -> 14 -> 7
+    "base32": ModelPreset("builtin", 67.0, UNetSpec(channels=64, mults=(1, 2, 2, 2), blocks=2, attn_levels=(2,))),  # 32 -> 16 -> 8 -> 4
+    "diffusers-tiny": ModelPreset("diffusers", 2.6, diffusers=types.MappingProxyType(_TINY_UNET2D)),
+    "diffusers-ddpm-cifar10": ModelPreset("diffusers", 290.0, diffusers=types.MappingProxyType(_DDPM_CIFAR10_UNET2D)),
+})
+
+#: every preset name train.model takes besides "auto", each family small to large
+ALL: tuple[str, ...] = tuple(PRESETS)
+#: the built-in UNet's presets, small to large
+BUILTIN: tuple[str, ...] = tuple(n for n, p in PRESETS.items() if p.family == "builtin")
 #: diffusers preset -> its UNet2DModel arguments (read-only)
 DIFFUSERS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
-    {name: types.MappingProxyType(kw) for name, kw in _DIFFUSERS.items()})
+    {n: p.diffusers for n, p in PRESETS.items() if p.diffusers is not None})
+#: what train.model=auto trains on a built-in dataset; data users bring: by its channels (`auto_preset`)
+AUTO: Mapping[str, str] = types.MappingProxyType({"fmnist": "small28", "svhn": "small32", "cifar10": "small32"})
 
-#: every preset name train.model takes besides "auto" (benchmark/core/config.py's Preset lists them too)
-ALL: tuple[str, ...] = (*BUILTIN, *DIFFUSERS)
+
+def auto_preset(dataset: str, channels: int) -> str:
+    """The preset train.model=auto resolves to: a built-in dataset's (`AUTO`); for data users bring the same
+    rule by its images: grey -> small28 (as Fashion-MNIST), RGB -> small32 (as CIFAR-10)."""
+    return AUTO.get(dataset) or ("small28" if channels == 1 else "small32")
+
+
+def unet_spec(name: str) -> UNetSpec:
+    """The built-in UNet's architecture of preset `name` (KeyError for another family's or an unknown one)."""
+    spec = PRESETS[name].unet
+    if spec is None:
+        raise KeyError(f"{name!r} is not a built-in UNet preset; those are: {', '.join(BUILTIN)}")
+    return spec
 
 
 def family(name: str) -> Family:

@@ -28,7 +28,9 @@ from dfbench.benchmark.engine import distributed
 from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr, time_sampling_for
 from dfbench.benchmark.core.seeds import tier_values
 from dfbench.benchmark.engine.clock import Clock, build_clock
-from dfbench.benchmark.engine.model import PRESETS, Layout, UNet, UNetSpec, build_model, flatten_, resolve_preset
+from dfbench.benchmark.core import presets
+from dfbench.benchmark.core.presets import UNetSpec
+from dfbench.benchmark.engine.model import Layout, UNet, build_model, flatten_, resolve_preset
 from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
 
 
@@ -118,7 +120,7 @@ class RunContext:
     @property
     def model_spec(self) -> UNetSpec:
         """The architecture of the run's network (its preset)."""
-        return PRESETS[resolve_preset(self.cfg.train.model, self.cfg.data.dataset)]
+        return presets.unet_spec(resolve_preset(self.cfg.train.model, self.cfg.data.dataset))
 
     @property
     def sample_batch(self) -> int:

@@ -1,7 +1,8 @@
 """A small time-conditioned UNet (DDPM, Ho et al. 2020, scaled down) and the flat parameter layout.
 
-`build_model` builds any train.model preset: this UNet's (`PRESETS`), or diffusers' UNet2DModel
-(benchmark/engine/diffusers_models.py; the optional extra) behind the same call.
+`build_model` builds any train.model preset of benchmark/core/presets.py's table: this UNet from the
+preset's `UNetSpec`, or diffusers' UNet2DModel (benchmark/engine/diffusers_models.py; the optional extra)
+behind the same call.
 
 The same network serves both objectives: it takes a continuous time in [0, 1]
 (DDPM step t_i / T, or the flow-matching time t) and predicts epsilon (DDPM) or
@@ -20,40 +21,19 @@ from torch import nn
 import torch.nn.functional as F
 
 from dfbench.benchmark.core import presets
-
-
-@dataclass(frozen=True)
-class UNetSpec:
-    channels: int  # base width
-    mults: tuple[int, ...]  # width multiplier per resolution level
-    blocks: int  # residual blocks per level
-    attn_levels: tuple[int, ...]  # levels (0 = full resolution) with self-attention
-    mid_attn: bool = True  # self-attention in the middle block (lowest resolution)
-    dropout: float = 0.0
-
-
-# Sizes: "tiny" for tests; "small*" fit a CPU budget (~0.2 s per batch-64 step on 2 cores for
-# small28); "base*" are the GPU presets used for the paper-scale grids.
-PRESETS: dict[str, UNetSpec] = {
-    "tiny": UNetSpec(channels=8, mults=(1, 2), blocks=1, attn_levels=(), mid_attn=False),
-    "small28": UNetSpec(channels=16, mults=(1, 2, 2), blocks=1, attn_levels=()),  # 28 -> 14 -> 7
-    "small32": UNetSpec(channels=32, mults=(1, 2, 2), blocks=1, attn_levels=()),  # 32 -> 16 -> 8
-    "base28": UNetSpec(channels=64, mults=(1, 2, 2), blocks=2, attn_levels=(2,)),  # 28 -> 14 -> 7
-    "base32": UNetSpec(channels=64, mults=(1, 2, 2, 2), blocks=2, attn_levels=(2,)),  # 32 -> 16 -> 8 -> 4
-}
-AUTO_PRESET = {"fmnist": "small28", "svhn": "small32", "cifar10": "small32"}
+from dfbench.benchmark.core.presets import UNetSpec
 
 
 def resolve_preset(name: str, dataset: str) -> str:
-    """train.model with "auto" resolved: the built-in dataset's preset; for data users bring (folder:PATH,
-    hf:PATH) the same rule by its images: grey -> small28 (as Fashion-MNIST), RGB -> small32 (as CIFAR-10)."""
+    """train.model with "auto" resolved (`presets.auto_preset`: the built-in dataset's preset; for data users
+    bring, by its images' channels)."""
     if name != "auto":
         return name
-    if dataset in AUTO_PRESET:
-        return AUTO_PRESET[dataset]
+    if dataset in presets.AUTO:
+        return presets.AUTO[dataset]
     from dfbench.datasets import data_info
 
-    return "small28" if int(data_info(dataset)["channels"]) == 1 else "small32"
+    return presets.auto_preset(dataset, int(data_info(dataset)["channels"]))
 
 
 def _groups(ch: int) -> int:
@@ -195,11 +175,11 @@ class UNet(nn.Module):
 
 
 def build_model(preset: str, in_ch: int) -> nn.Module:
-    """The network of a resolved preset (not "auto"): the built-in UNet (`PRESETS`) or, for a
-    diffusers preset (benchmark/core/presets.py), diffusers' UNet2DModel behind the same call
+    """The network of a resolved preset (not "auto") of benchmark/core/presets.py: the built-in UNet from its
+    `UNetSpec` or, for a diffusers preset, diffusers' UNet2DModel behind the same call
     (benchmark/engine/diffusers_models.py). Its initialization draws from torch's global generator."""
-    if preset in PRESETS:
-        return UNet(in_ch, PRESETS[preset])
+    if preset in presets.BUILTIN:
+        return UNet(in_ch, presets.unet_spec(preset))
     if preset in presets.DIFFUSERS:
         from dfbench.benchmark.engine.diffusers_models import build_diffusers
 

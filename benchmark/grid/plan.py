@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.core import presets, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
 from dfbench.benchmark.core.lock import read_lock
 from dfbench.benchmark.grid.spec import Cell, Grid
@@ -44,13 +44,8 @@ from dfbench.benchmark.grid.spec import Cell, Grid
 # state a rerun resumes), or "running": locked by a live process other than this one
 MISSING, UNFINISHED = "missing", "unfinished"
 STATES = (MISSING, UNFINISHED, runfolder.RUNNING, runfolder.FAILED, runfolder.DIVERGED, runfolder.DONE)
-# Rough cost of one sample-gradient evaluation (forward, backward, Adam share) in ms on 2 CPU
-# cores, per model preset; one sampler network evaluation costs about a third of it. Scaled
-# from the small28 figure in benchmark/engine/model.py by relative timings: a planning aid, +-2x.
-# The diffusers presets' ratios to small28 were timed beside it (one thread, 2-core AMD EPYC Zen 4):
-# diffusers-tiny 0.88x, diffusers-ddpm-cifar10 98x (568 ms against 5.8 ms a sample-gradient there).
-CPU_MS_PER_SAMPLE_GRAD = {"tiny": 1.0, "small28": 3.0, "small32": 11.0, "base28": 36.0, "base32": 67.0,
-                          "diffusers-tiny": 2.6, "diffusers-ddpm-cifar10": 290.0}
+# one sampler network evaluation costs about this fraction of a sample-gradient evaluation (a preset's
+# cost: benchmark/core/presets.py, cpu_ms_per_sample_grad)
 FORWARD_FRACTION = 1 / 3
 
 
@@ -141,7 +136,7 @@ def updated_after(out: str | Path, cell: Cell, since: float) -> bool:
 class CellCost:
     sample_grads: float  # sum over rounds and clients of local steps x batch size
     eval_forwards: float  # evaluation samples x network evaluations per sample
-    cpu_seconds: float  # rough: see CPU_MS_PER_SAMPLE_GRAD
+    cpu_seconds: float  # rough: see presets.ModelPreset.cpu_ms_per_sample_grad
 
 
 def estimate_cost(cfg: RunConfig) -> CellCost:
@@ -170,7 +165,7 @@ def estimate_cost(cfg: RunConfig) -> CellCost:
     if cfg.eval.every > 0 and t.rounds > 0:  # quality-curve points: round 0, every `every` rounds, the last
         points = 1 + t.rounds // cfg.eval.every + (1 if t.rounds % cfg.eval.every else 0)
         forwards += points * cfg.eval.curve_samples * nfe
-    ms = CPU_MS_PER_SAMPLE_GRAD[resolve_preset(t.model, cfg.data.dataset)]  # every preset has a figure (tests)
+    ms = presets.PRESETS[resolve_preset(t.model, cfg.data.dataset)].cpu_ms_per_sample_grad
     return CellCost(grads, forwards, (grads + FORWARD_FRACTION * forwards) * ms / 1000)
 
 
