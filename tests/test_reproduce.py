@@ -16,6 +16,7 @@ def _runs_csv(folder: Path, rows: list[dict], hardware: str) -> None:
     for row in rows:
         run = folder / "runs" / row["run_id"]
         run.mkdir(parents=True)
+        (run / "config.json").write_text("{}")  # what makes a folder a run folder (runfolder.iter_runs)
         (run / "metrics.json").write_text(json.dumps({"environment": {"hardware": hardware}}))
 
 

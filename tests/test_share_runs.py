@@ -23,6 +23,7 @@ seed = [0, 1]
 def _run(root, cell, state="done"):
     d = cell.folder(root)
     d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")  # what makes a folder a run folder (runfolder.iter_runs)
     (d / "status.json").write_text(json.dumps({"state": state}))
     (d / "metrics.json").write_text("{}")
     return d
@@ -37,13 +38,18 @@ def test_share_copies_finished_cells_only(tmp_path):
     _run(other, cells[1], state="running")
     stranger = other / "fmnist" / "iid" / "fedavg" / "s0-0000000000"
     stranger.mkdir(parents=True)
+    (stranger / "config.json").write_text("{}")
     (stranger / "status.json").write_text(json.dumps({"state": "done"}))
     target = tmp_path / "mine"
     already = _run(target, cells[2])
-    (other / cells[2].folder(other).relative_to(other)).mkdir(parents=True)
-    (cells[2].folder(other) / "status.json").write_text(json.dumps({"state": "done"}))
+    _run(other, cells[2])  # finished there too: not copied over the one already here
+    (already / "metrics.json").write_text('{"mine": 1}')
+    unconfigured = other / "fmnist" / "iid" / "fedavg" / cells[3].run_id
+    unconfigured.mkdir(parents=True)
+    (unconfigured / "status.json").write_text(json.dumps({"state": "done"}))  # no config.json: not a run folder
     copied = share(str(grid), other, target)
     assert copied == [cells[0].folder(target)]
     assert (cells[0].folder(target) / "metrics.json").read_text() == "{}"
-    assert not cells[1].folder(target).exists() and already.is_dir()
+    assert not cells[1].folder(target).exists() and (already / "metrics.json").read_text() == '{"mine": 1}'
+    assert not cells[3].folder(target).exists()
     assert share(str(grid), other, target) == []  # a second pass finds nothing to copy

@@ -16,12 +16,14 @@ def _study(tmp_path):
         rid = f"s{i}-{i:010d}"
         folder = tmp_path / "runs" / "fmnist" / "iid" / method / rid
         folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")  # what makes a folder a run folder (runfolder.iter_runs)
         (folder / "metrics.json").write_text(json.dumps({"client_images": 1000.0, "train_wall_seconds": seconds,
                                                          "environment": {"hardware": "CPU X, 2 cores", "torch_threads": 1}}))
         rows.append({"run_id": rid, "method": method, "seed": i, "baseline": False, "dataset": "fmnist", "partition": "iid",
                      "params": "bits=4" if method == "quantized" else "", "param.bits": 4 if method == "quantized" else None})
     untrained = tmp_path / "runs" / "fmnist" / "iid" / "fedavg" / "s0-untrained00"
     untrained.mkdir(parents=True)
+    (untrained / "config.json").write_text("{}")
     (untrained / "metrics.json").write_text(json.dumps({"client_images": 0.0, "train_wall_seconds": 0.0}))
     rows.append({"run_id": "s0-untrained00", "method": "fedavg", "seed": 0, "baseline": True, "dataset": "fmnist",
                  "partition": "iid", "params": "", "param.bits": None})

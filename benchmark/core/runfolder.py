@@ -27,6 +27,8 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +250,60 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "platform": platform.platform(),
         "dfbench_commit": commit,
     }
+
+
+# -- the one reader of a tree of run folders ------------------------------------------------
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run folder found under a root: its path, and readers of its files that read when called.
+
+    Every module that walks run folders (the report, `dfbench eval`, the studies) takes them from
+    `iter_runs`, so what counts as a run folder and how its files are named is decided here alone.
+    The readers raise what `read_json` raises (OSError, ValueError) for a file that does not parse;
+    a caller that must name such a run rather than stop catches those.
+    """
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        """The folder's name: the run id for every folder `run_dir` named."""
+        return self.path.name
+
+    def has(self, name: str) -> bool:
+        """Whether the file `name` (one of this module's constants) is in the folder."""
+        return (self.path / name).is_file()
+
+    def config(self) -> dict[str, Any]:
+        """config.json as written (no defaults filled in, nothing validated)."""
+        return read_json(self.path / CONFIG)
+
+    def status(self) -> dict[str, Any] | None:
+        """status.json, or None when the run never started."""
+        return read_status(self.path)
+
+    def state(self) -> str | None:
+        """status.json's "state", or None when there is no status."""
+        status = self.status()
+        return None if status is None else status.get("state")
+
+    def metrics(self) -> dict[str, Any] | None:
+        """metrics.json (the run's own evaluation), or None when the run has not written one."""
+        p = self.path / METRICS
+        return read_json(p) if p.is_file() else None
+
+
+def iter_runs(root: str | os.PathLike) -> Iterator[RunFolder]:
+    """Every run folder (a folder holding config.json) at or under `root`, in sorted path order.
+
+    os.walk, not rglob: grid workers may create and remove folders while a reader walks (an
+    emptied run folder is removed when its lock is released); os.walk skips a folder that
+    vanished mid-walk, where rglob raises FileNotFoundError. The walk is finished and sorted
+    before the first folder is returned, so the order never depends on the file system's.
+    A `root` that is not a folder raises FileNotFoundError at the call, not at the first step.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"runs directory {root} does not exist; pass the folder that holds the run folders")
+    return iter([RunFolder(Path(d)) for d in sorted(Path(d) for d, _, files in os.walk(root) if CONFIG in files)])

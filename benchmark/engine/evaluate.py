@@ -543,7 +543,7 @@ def rescore_tree(root: str | Path, device: str | None = None, *, feature_batch: 
     """`rescore_dir` on every run folder under `root` (or `root` itself): {"rescored", "up_to_date", "skipped"}.
     A run that is not finished is skipped and named through `report(path, None, why)`."""
     root = Path(root)
-    found = [root] if (root / runfolder.CONFIG).exists() else sorted(p.parent for p in root.rglob(runfolder.CONFIG))
+    found = [run.path for run in runfolder.iter_runs(root)]  # `root` itself when it is a run folder
     if not found:
         raise FileNotFoundError(f"no run folder (a folder with {runfolder.CONFIG}) under {root}")
     device = eval_device(device)

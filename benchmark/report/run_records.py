@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import numbers
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,16 +72,8 @@ class _Unreadable(Exception):
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:
-    """Every directory under ``root`` (recursively) that holds a ``config.json`` (`runfolder.CONFIG`).
-
-    os.walk, not rglob: grid workers may create and remove folders while the report reads
-    (an emptied run folder is removed when its lock is released); os.walk skips a folder that
-    vanished mid-walk, where rglob raises FileNotFoundError.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"runs directory {root} does not exist")
-    return sorted(Path(d) for d, _, files in os.walk(root) if runfolder.CONFIG in files)
+    """Every run folder at or under ``root``, sorted (`runfolder.iter_runs`: the one walk)."""
+    return [run.path for run in runfolder.iter_runs(root)]
 
 
 def _read_json(path: Path) -> Any:

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from dfbench.benchmark.core import runfolder  # noqa: E402
 from dfbench.benchmark.metrics import drift  # noqa: E402
 from dfbench.benchmark.metrics import uncertainty  # noqa: E402
 from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
@@ -240,7 +241,7 @@ def plot_samples(study: pd.DataFrame, path: Path, seed: int | None = None) -> Pa
     folders without samples."""
     pruned = study[study["family"].isin(list(FAMILIES.values()))]
     seed = int(pruned["seed"].min()) if seed is None else seed
-    missing = [p for p in pruned[pruned["seed"] == seed]["path"] if not (Path(p) / "samples.npz").is_file()]
+    missing = [p for p in pruned[pruned["seed"] == seed]["path"] if not (Path(p) / runfolder.SAMPLES).is_file()]
     if missing:
         return (f"not redrawn: {len(missing)} run(s) of seed {seed} have no samples.npz (a committed study keeps "
                 f"none; rerun the grid to draw it), {path.name} left as it is")

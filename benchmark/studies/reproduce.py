@@ -60,9 +60,11 @@ def _relative(a: float, b: float) -> float:
 def machines(runs_dir: Path) -> tuple[str, ...]:
     """The distinct `environment.hardware` records of the run folders under `runs_dir` (sorted)."""
     found: set[str] = set()
-    for metrics in sorted(runs_dir.rglob(runfolder.METRICS)):
+    if not runs_dir.is_dir():
+        return ()  # a study copied without its run folders names no machine
+    for run in runfolder.iter_runs(runs_dir):
         try:
-            hardware = runfolder.read_json(metrics).get("environment", {}).get("hardware")
+            hardware = (run.metrics() or {}).get("environment", {}).get("hardware")
         except (OSError, ValueError):
             continue  # an unreadable record names no machine; the scores are compared from runs.csv
         if hardware:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,17 +27,16 @@ def share(grid: str, source: str | Path, target: str | Path) -> list[Path]:
 
     cells = {c.run_id: c for c in load_grid(grid).cells}
     copied = []
-    for status in sorted(Path(source).rglob(runfolder.STATUS)):
-        run = status.parent
-        cell = cells.get(run.name)
-        if cell is None or runfolder.read_json(status).get("state") != runfolder.DONE:
+    for found in runfolder.iter_runs(source):
+        run, cell = found.path, cells.get(found.run_id)
+        if cell is None or found.state() != runfolder.DONE:
             continue
         dest = cell.folder(target)
         if dest.exists():
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".tmp")
-        shutil.copytree(run, tmp, ignore=shutil.ignore_patterns(".lock"))
+        shutil.copytree(run, tmp, ignore=shutil.ignore_patterns(runfolder.LOCK))
         tmp.rename(dest)  # whole or not at all
         copied.append(dest)
     return copied
@@ -48,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--from", dest="source", required=True, help="the other study's runs root")
     p.add_argument("--to", dest="target", required=True, help="the grid's runs root (its --out)")
     a = p.parse_args(argv)
-    for path in share(a.grid, a.source, a.target):
+    try:
+        copied = share(a.grid, a.source, a.target)
+    except FileNotFoundError as err:
+        print(f"share_runs: {err}", file=sys.stderr)
+        return 2
+    for path in copied:
         print(path)
     return 0
 

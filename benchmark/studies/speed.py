@@ -14,13 +14,13 @@ pruned setting reads about half the images/s of the same wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.report.names import is_baseline, setting_names
 
 COLUMNS = ["setting", "runs", "images_per_s", "train_minutes", "hardware", "torch_threads"]
@@ -30,16 +30,20 @@ def run_speeds(runs_dir: Path) -> dict[str, dict[str, object]]:
     """run_id (its folder's name) -> images_per_s, train_seconds, hardware, torch_threads, for every run
     folder under `runs_dir` whose metrics.json records training (an untrained run has none)."""
     out: dict[str, dict[str, object]] = {}
-    for path in sorted(Path(runs_dir).rglob("metrics.json")):
+    if not Path(runs_dir).is_dir():
+        return out  # no runs: `main` names what is missing
+    for run in runfolder.iter_runs(runs_dir):
         try:
-            m = json.loads(path.read_text(encoding="utf-8"))
+            m = run.metrics()
         except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict):
             continue
         images, seconds = m.get("client_images"), m.get("train_wall_seconds")
         if isinstance(images, (int, float)) and isinstance(seconds, (int, float)) and images > 0 and seconds > 0:
             env = m.get("environment") if isinstance(m.get("environment"), dict) else {}
-            out[path.parent.name] = {"images_per_s": float(images) / float(seconds), "train_seconds": float(seconds),
-                                     "hardware": env.get("hardware"), "torch_threads": env.get("torch_threads")}
+            out[run.run_id] = {"images_per_s": float(images) / float(seconds), "train_seconds": float(seconds),
+                               "hardware": env.get("hardware"), "torch_threads": env.get("torch_threads")}
     return out
 
 
