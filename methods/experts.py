@@ -323,7 +323,7 @@ class Experts(Method):
         turns out to belong to", picked without any label.
         """
         params = params.reshape(self.num_experts, -1)
-        batch = batch or ctx.sample_batch
+        batch = batch or ctx.cfg.eval.sample_batch
         method = "euler" if ctx.cfg.eval.sampler == "euler" else "heun"
         steps = ctx.cfg.eval.sampler_steps
         ctx.model.eval()

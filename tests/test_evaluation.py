@@ -73,7 +73,7 @@ def fake_reference(monkeypatch):
 
     def load(dataset, split, root):
         served.append((dataset, split))
-        shape = ev.DATASET_SHAPES[dataset]
+        shape = ev.dataset_shape(dataset)
         return _fake_dataset(_fake_images(300, seed=len(dataset), shape=shape), sha=dataset[0] * 64)
 
     monkeypatch.setattr(ev, "_load_dataset", load)
@@ -240,7 +240,7 @@ def test_score_options_are_a_checked_frozen_value_and_the_only_way_to_pass_them(
 def test_missing_weights_raise_before_any_feature_work(tmp_path, monkeypatch, no_inception, dataset, metrics):
     monkeypatch.setattr(ev, "_load_dataset", lambda *a: pytest.fail("reference data loaded before the weights check"))
     monkeypatch.setattr(fe.Extractor, "features", lambda *a, **k: pytest.fail("features computed before the check"))
-    samples = _fake_images(4, seed=4, shape=ev.DATASET_SHAPES[dataset])
+    samples = _fake_images(4, seed=4, shape=ev.dataset_shape(dataset))
     with pytest.raises(ev.MissingWeightsError, match="pt_inception-2015-12-05-6726825d.pth"):
         ev.evaluate_images(samples, dataset, metrics=metrics, options=ev.ScoreOptions(cache_dir=tmp_path))
 

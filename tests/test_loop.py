@@ -110,16 +110,16 @@ def test_fixed_noise_is_shared_across_methods_and_batch_sizes():
 
 @pytest.mark.slow
 def test_samples_barely_depend_on_the_sampling_batch(tiny_data):
-    # the sampling batch (diffusion.SAMPLE_BATCH) is a speed knob: an image's sample depends on its
+    # the sampling batch (eval.sample_batch) is a speed knob: an image's sample depends on its
     # batch neighbours only through the convolution kernel's choice of algorithm (float rounding)
-    from dfbench.benchmark.engine.diffusion import SAMPLE_BATCH, fixed_noise
+    from dfbench.benchmark.engine.diffusion import fixed_noise
 
     cfg = tiny_config(over={"train.objective": "fm", "eval.sampler_steps": 2})
     ctx = build_context(cfg, data=tiny_data)
     params = ctx.init_params + 0.01 * torch.randn(ctx.layout.total, generator=torch.Generator().manual_seed(0))
-    noise = fixed_noise(SAMPLE_BATCH + 7, ctx.image_shape)
+    noise = fixed_noise(cfg.eval.sample_batch + 7, ctx.image_shape)
     whole = ctx.sample_single(params, noise, "fm", batch=noise.shape[0])
-    for batch in (SAMPLE_BATCH, 5):
+    for batch in (cfg.eval.sample_batch, 5):
         torch.testing.assert_close(ctx.sample_single(params, noise, "fm", batch=batch), whole, rtol=0, atol=1e-5)
 
 

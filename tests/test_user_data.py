@@ -338,13 +338,13 @@ def test_bad_data_is_refused_when_the_config_is_built_before_any_training(tmp_pa
 
 def test_auto_model_preset_follows_the_images_and_scoring_knows_their_shape(tmp_path):
     from dfbench.benchmark.engine.model import resolve_preset
-    from dfbench.benchmark.metrics.scoring import _dataset_shape
+    from dfbench.benchmark.metrics.scoring import dataset_shape
 
     grey = f"folder:{make_folder(tmp_path / 'g')}"
     rgb = f"folder:{make_folder(tmp_path / 'c', size=8, mode='RGB')}"
     assert resolve_preset("auto", grey) == "small28" and resolve_preset("auto", rgb) == "small32"
     assert resolve_preset("tiny", rgb) == "tiny" and resolve_preset("auto", "cifar10") == "small32"
-    assert _dataset_shape(rgb) == (3, 8, 8) and _dataset_shape("fmnist") == (1, 28, 28)
+    assert dataset_shape(rgb) == (3, 8, 8) and dataset_shape("fmnist") == (1, 28, 28)
 
 
 # ---------------------------------------------------------------------------------------------

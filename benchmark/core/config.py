@@ -213,7 +213,13 @@ class EvalConfig:
     grid: int = declare(8)  # grid side: grid x grid samples in grid.png
     # memory knobs of evaluation (not of the result: a sample or a feature depends on its batch
     # neighbours only in the last float bits); lower them when evaluation runs out of GPU memory
-    sample_batch: int = declare(128, role="execution")  # = diffusion.SAMPLE_BATCH: images per sampling batch (diffusion.SAMPLE_BATCH, measured there)
+    # images per sampling batch. Measured on the 2-core CPU machine (small28, 1000 samples, 8 Heun steps, 2
+    # threads): batch 500 took 50.7 s, 256 36.3 s, 128 24.3 s, 64 26.0 s; large batches spend their time
+    # allocating and faulting in activations that no longer fit in the cache. A sample depends on its batch
+    # neighbours only through the convolution kernels' choice of algorithm: identical in that measurement,
+    # within ~1e-6 in general (a rare pixel can round to the next uint8 level), so a changed batch can move a
+    # score in its last digits and committed results name the one used.
+    sample_batch: int = declare(128, role="execution")
     feature_batch: int = declare(256, role="execution")  # images per feature-extraction batch (Inception, classifier)
     # also sample and score the method's other sampling rules (pruning's inference rules) beside the
     # result, as rows tagged `inference`; false saves one sampling pass per rule (the result is the same)

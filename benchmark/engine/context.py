@@ -122,11 +122,6 @@ class RunContext:
         """The architecture of the run's network (its preset)."""
         return presets.unet_spec(resolve_preset(self.cfg.train.model, self.cfg.data.dataset))
 
-    @property
-    def sample_batch(self) -> int:
-        """Images per sampling batch: eval.sample_batch (default diffusion.SAMPLE_BATCH, measured there)."""
-        return self.cfg.eval.sample_batch
-
     def network_at_width(self, channels: int) -> torch.nn.Module:
         """The run's architecture at another base width, on the meta device (structure only:
         `torch.func.functional_call` supplies its parameters), e.g. for HeteroFL's sub-models."""
@@ -162,7 +157,7 @@ class RunContext:
         `network`: what to run instead of ctx.model (its parameters must be ctx.model's, views of
         ctx.flat, e.g. a sub-model that slices them); it is sampled as it is, in its own mode.
         """
-        batch = batch or self.sample_batch
+        batch = batch or self.cfg.eval.sample_batch
         self.flat.copy_(params)
         obj = self.get_objective(objective)
         sampler = self.sampler_name(objective)

@@ -28,15 +28,6 @@ import torch
 Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-# Sampling batch. Measured on the 2-core CPU machine (small28, 1000 samples, 8 Heun steps, 2
-# threads): batch 500 took 50.7 s, 256 36.3 s, 128 24.3 s, 64 26.0 s; large batches spend their
-# time allocating and faulting in activations that no longer fit in the cache. A sample depends
-# on its batch neighbours only through the convolution kernels' choice of algorithm: identical in
-# that measurement, within ~1e-6 in general (a rare pixel can round to the next uint8 level), so
-# a changed batch can move a score in its last digits and committed results name the one used.
-SAMPLE_BATCH = 128
-
-
 # -- schedules (named factories) --------------------------------------------------------
 
 def linear_betas(T: int) -> torch.Tensor:

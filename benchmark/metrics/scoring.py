@@ -42,7 +42,6 @@ from dfbench.benchmark.metrics.fid import GaussianMoments, frechet_distance, kid
 from dfbench.benchmark.metrics.folders import fid_between, load_image_source
 
 __all__ = [
-    "DATASET_SHAPES",
     "Extractor",
     "METRICS",
     "ClientSplit",
@@ -50,6 +49,7 @@ __all__ = [
     "ScoreOptions",
     "WeightsHashError",
     "cache_dir",
+    "dataset_shape",
     "evaluate_images",
     "evaluate_samples",
     "fid_between",
@@ -63,13 +63,6 @@ __all__ = [
 MetricName = Literal["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid", "fid_clean", "fd_dinov2"]
 # The metrics eval.metrics may name; which extractor computes each: benchmark/metrics/table.py.
 METRICS: tuple[str, ...] = table.REQUESTABLE
-
-# Image shape [C, H, W] of each dataset: generated samples must match it.
-DATASET_SHAPES: dict[str, tuple[int, int, int]] = {
-    "fmnist": (1, 28, 28),
-    "svhn": (3, 32, 32),
-    "cifar10": (3, 32, 32),
-}
 
 # Reference features kept for KID, precision/recall/density/coverage and per-client
 # quality: a seeded subset (the full 60k x 2048 set would be ~0.5 GB even in
@@ -97,19 +90,18 @@ def _load_dataset(dataset: str, split: str, root: str | Path | None) -> Any:
     return datasets.load(dataset, split, root=root)
 
 
-def _dataset_shape(dataset: str) -> tuple[int, int, int]:
-    """[C, H, W] of a dataset's images: DATASET_SHAPES, or read off data users bring (folder:PATH, hf:PATH)."""
-    if dataset in DATASET_SHAPES:
-        return DATASET_SHAPES[dataset]
+def dataset_shape(dataset: str) -> tuple[int, int, int]:
+    """[C, H, W] of a dataset's images, which generated samples must match (the datasets' own `data_info`; data
+    users bring, folder:PATH or hf:PATH, is read to answer)."""
     from dfbench import datasets
 
-    if datasets.is_user_data(dataset):
+    if dataset in datasets.DATASETS or datasets.is_user_data(dataset):
         return tuple(int(v) for v in datasets.data_info(dataset)["image_shape"])  # type: ignore[return-value]
-    raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(DATASET_SHAPES)}, or folder:PATH / hf:PATH")
+    raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(datasets.DATASETS)}, or folder:PATH / hf:PATH")
 
 
 def _check_dataset(dataset: str) -> None:
-    _dataset_shape(dataset)
+    dataset_shape(dataset)
 
 
 def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -253,7 +245,7 @@ def _check_images(images: torch.Tensor, dataset: str) -> None:
             "images must be a uint8 torch.Tensor [N, C, H, W] with values 0..255; convert samples in "
             "[-1, 1] with ((x + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)"
         )
-    expected = _dataset_shape(dataset)
+    expected = dataset_shape(dataset)
     if images.ndim != 4 or tuple(images.shape[1:]) != expected:
         raise ValueError(
             f"images for {dataset!r} must have shape [N, {', '.join(map(str, expected))}], got {tuple(images.shape)}"
