@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 import warnings
 from pathlib import Path
@@ -45,7 +46,7 @@ REFUSED = {"heterofl": "width-aware network"}
 # hyperparameters of the resumed methods, as tests/test_resume.py sets them (a short router, quantized with its memory)
 SMALL = {"experts": {"router_steps": 3, "router_batch": 8}, "quantized": {"error_feedback": True}}
 
-# measured parameter counts (README's model table): preset -> {image channels: P}
+# measured parameter counts (the table of docs/models.md, checked below): preset -> {image channels: P}
 PARAMS = {
     "tiny": {1: 40_489, 3: 40_779},
     "small28": {1: 267_313, 3: 267_891},
@@ -87,6 +88,17 @@ def test_ddpm_cifar10_has_the_papers_parameter_count():
 @pytest.mark.parametrize("name", presets.ALL)
 def test_every_preset_has_its_measured_parameter_count(name):
     assert {c: _count(name, c) for c in (1, 3)} == PARAMS[name]
+
+
+def test_the_docs_table_quotes_the_measured_counts():
+    """docs/models.md's preset table has one row per preset, with this file's counts for 1 and 3 channels."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "models.md"
+    rows = [line.split("|")[1:-1] for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
+    table = {}
+    for cells in rows:
+        counts = [int(m.replace(",", "")) for m in (re.match(r"\s*([\d,]+)", c) for c in cells[2:4]) for m in [m and m.group(1)] if m]
+        table[cells[0].strip().strip("`")] = dict(zip((1, 3), counts))
+    assert table == PARAMS, f"docs/models.md differs from the measured counts: {table}"
 
 
 def test_the_wrapper_feeds_unet2dmodel_1000_t_and_returns_the_sample():

@@ -1,6 +1,6 @@
 """The package's import graph follows the layers and has no circles.
 
-Layers, lowest first (README "Architecture"): datasets; core + methods (the run's
+Layers, lowest first (docs/architecture.md, "Layers"): datasets; core + methods (the run's
 configuration, the run-folder format, the method protocol and the methods, which see the
 engine only through RunContext); metrics; tracking (experiment trackers); engine; grid; report (the
 leaderboard); studies (the tools of one study each: paired tests, frontier, privacy, time to quality,
@@ -70,7 +70,7 @@ def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = i, len(prefix)
     if best is None:
-        raise KeyError(f"{module} is in no layer: add it to LAYERS in tests/test_imports.py (and README Architecture)")
+        raise KeyError(f"{module} is in no layer: add it to LAYERS in tests/test_imports.py (and the layer list of docs/architecture.md)")
     return best
 
 

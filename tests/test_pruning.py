@@ -26,7 +26,7 @@ from dfbench.methods.pruning import (INFERENCE_MODES, SEED_BITS, flop_fraction, 
                              top_k_mask, weight_macs)
 
 PRUNERS = ["random_prune", "topk_prune"]
-# the defaults chosen from the measurements in README's Pruning section
+# the defaults chosen from the measurements on docs/methods.md ("The inference rule")
 DEFAULT_INFERENCE = {"random_prune": "scaled", "topk_prune": "submodel"}
 
 
