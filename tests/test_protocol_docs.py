@@ -144,7 +144,7 @@ def test_the_parser_fails_on_a_hook_added_without_a_row(tables, monkeypatch):
 
 def test_a_declaration_added_without_a_row_fails(tables, monkeypatch):
     monkeypatch.setattr(Method, "server_side_only", False, raising=False)  # a hypothetical new declaration
-    with pytest.raises(AssertionError, match="undocumented \\['server_side_only'\\]"):
+    with pytest.raises(AssertionError, match="undocumented \\[[^]]*'server_side_only'"):
         test_every_declaration_is_documented_with_its_default(tables)
 
 
