@@ -7,6 +7,7 @@ plugin instead (methods/plugins.py: an entry point, --plugin or DFBENCH_PLUGINS)
 
 from .base import (Capabilities, ClientPlan, LocalStep, Mechanism, Method, SampleVariants, ServerState, Upload,
                    masked_weighted_mean)
+from .context import MethodContext, ParamLayout
 from .registry import (create_method, get_method_class, list_methods, method_config, method_families, method_help,
                        register_method)
 
@@ -24,8 +25,8 @@ from . import qsgd  # noqa: F401,E402
 from . import powersgd  # noqa: F401,E402
 
 __all__ = [
-    "Capabilities", "ClientPlan", "LocalStep", "Mechanism", "Method", "SampleVariants", "ServerState", "Upload",
-    "masked_weighted_mean",
+    "Capabilities", "ClientPlan", "LocalStep", "Mechanism", "Method", "MethodContext", "ParamLayout", "SampleVariants",
+    "ServerState", "Upload", "masked_weighted_mean",
     "create_method", "get_method_class", "list_methods", "method_config", "method_families", "method_help",
     "register_method",
 ]

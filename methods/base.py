@@ -1,6 +1,6 @@
 """The method protocol: the hooks the shared round calls, with FedAvg as the default.
 
-Parameters travel as ONE flat float32 vector (see `benchmark.engine.model.Layout`), so
+Parameters travel as ONE flat float32 vector (its layout: `ParamLayout`, methods/context.py), so
 masks, quantisation, aggregation and all_reduce are single tensor operations.
 
 Round r, as the round (benchmark/engine/training.py) sees a method (every hook has a FedAvg default):
@@ -27,9 +27,9 @@ What evaluation needs from a method are hooks too: `client_groups` (client -> gr
 an expert), `sampler_label` (the name of the method's own sampler, if it has one) and
 `sample_variants` (other ways to sample the same trained model, e.g. pruning's inference
 rules, which evaluation scores beside the run's result on the same noises, never ranked).
-A method sees the run only through `ctx` (benchmark/engine/context.py: data, layout,
-clients, capacities, seeded generators, objectives, samplers, networks); it imports
-nothing from the engine at run time.
+A method sees the run only through `ctx`, typed by the protocol the methods own (`MethodContext`,
+methods/context.py: data, layout, clients, capacities, seeded generators, objectives, samplers,
+networks; the engine's RunContext is one); it imports nothing from the engine.
 
 Designed for what comes next (the places are fixed here, so a new family grows the
 protocol instead of leaking into the round):
@@ -68,12 +68,13 @@ if TYPE_CHECKING:
     from torch import nn
 
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 FLOAT_BITS = 32
 
 #: How a method samples: (params [P], noise [N, C, H, W], ctx) -> images [N, C, H, W] in [-1, 1].
-SampleFn = Callable[[torch.Tensor, torch.Tensor, "RunContext"], torch.Tensor]
+SampleFn = Callable[[torch.Tensor, torch.Tensor, "MethodContext"], torch.Tensor]
 
 
 @dataclass
@@ -166,13 +167,13 @@ class Mechanism:
 
     name: ClassVar[str] = "mechanism"
 
-    def new_sums(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_sums(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         return {}
 
-    def on_upload(self, up: Upload, plan: ClientPlan, acc: dict[str, torch.Tensor], ctx: "RunContext") -> Upload:
+    def on_upload(self, up: Upload, plan: ClientPlan, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> Upload:
         return up
 
-    def on_aggregate(self, acc: dict[str, torch.Tensor], state: ServerState, ctx: "RunContext") -> dict[str, Any]:
+    def on_aggregate(self, acc: dict[str, torch.Tensor], state: ServerState, ctx: "MethodContext") -> dict[str, Any]:
         return {}
 
 
@@ -251,6 +252,11 @@ class Method:
     #: the paired verdicts' default reference and the leaderboard's "uplink vs" column. One
     #: registered method declares it (on its own class: a subclass does not inherit the role).
     reference: ClassVar[bool] = False
+    #: The hyperparameter at whose value 1.0 (without capacity tiers) the method trains and sends the
+    #: full model, bitwise the reference method (pruning's keep_ratio): such a run is the dense
+    #: reference of the method's other settings in same-noise drift (benchmark/metrics/drift.py).
+    #: None: no setting of the method is the dense model (its drift is measured against FedAvg).
+    dense_param: ClassVar[str | None] = None
 
     @dataclass(frozen=True)
     class Config:
@@ -324,20 +330,20 @@ class Method:
         return None
 
     # -- server ------------------------------------------------------------------
-    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
+    def init_state(self, params: torch.Tensor, ctx: "MethodContext") -> ServerState:
         return ServerState(params=params.clone())
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         return ClientPlan(start=state.params, downlink_bits=FLOAT_BITS * state.params.numel())
 
     # -- client ------------------------------------------------------------------
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         """Encode the client's result for the wire; return what the server decodes. FedAvg: raw float32."""
         return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=FLOAT_BITS * local.numel(),
                       mask=plan.step.mask, group=plan.group)
 
     # -- aggregation (sums only, so that torch.distributed can all_reduce them) ------
-    def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_accumulator(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         # float64 sums: the order in which clients are added (1 process or N ranks) then changes
         # nothing once the mean is rounded back to float32, so N ranks reproduce one process.
         p = state.params.reshape(-1, ctx.layout.total)
@@ -348,7 +354,7 @@ class Method:
             "wtotal": torch.zeros(groups, dtype=torch.float64, device=p.device),
         }
 
-    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "RunContext") -> None:
+    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "MethodContext") -> None:
         """Add p_k m_k theta_k and p_k m_k, with p_k = n_k / (sum of n over the round's clients)."""
         g, p = up.group, up.weight / ctx.round_weight
         if up.mask is None:
@@ -359,7 +365,7 @@ class Method:
             acc["wcov"][g].add_(up.mask, alpha=p)
         acc["wtotal"][g] += p
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         """Server step: the (masked) weighted mean of the client models, per group."""
         theta = state.params.reshape(-1, ctx.layout.total)
         rows = []
@@ -370,15 +376,15 @@ class Method:
         return ServerState(params=torch.stack(rows).reshape(state.params.shape), extra=state.extra)
 
     # -- end of training and sampling ------------------------------------------------
-    def finalize(self, state: ServerState, ctx: "RunContext") -> dict[str, Any]:
+    def finalize(self, state: ServerState, ctx: "MethodContext") -> dict[str, Any]:
         """Called once after the last round (e.g. to train a router). Returns extra metrics."""
         return {}
 
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
         """Generate images in [-1, 1] from the fixed noise with the run's sampler."""
         return ctx.sample_single(params, noise, ctx.objective)
 
-    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The model as `sample` uses it, as a velocity field v(x_t, t) on the flow-matching path
         x_t = (1 - t) x0 + t eps (target v = eps - x0), for the held-out denoising loss
         (benchmark/engine/heldout.py): one space for every objective (a DDPM network's epsilon is

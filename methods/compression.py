@@ -48,7 +48,8 @@ from .minmax_codec import segment_ids
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 RESIDUAL_KEY = "ef_residual"  # client -> e_k [P] in memory_dtype (the same key as quantized's)
 MEMORY_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -84,11 +85,11 @@ class CompressedUpdate(Method):
         process, "" = none), for the refusal of several ranks."""
         return ("each client's error-feedback residual" if config.error_feedback else "", "set method.error_feedback=false")
 
-    def message_bits(self, ctx: "RunContext") -> int:
+    def message_bits(self, ctx: "MethodContext") -> int:
         """Exact bits of one client's message (a function of the layout and the config)."""
         raise NotImplementedError
 
-    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "RunContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
+    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "MethodContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
         """(C(m) as the server decodes it [P] float32, lossless?, client memory to keep if it is finite)."""
         raise NotImplementedError
 
@@ -103,17 +104,17 @@ class CompressedUpdate(Method):
             raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}): it keeps {memory} "
                              f"across rounds and clients move between ranks; run it without torchrun" + (f" or {fix}" if fix else ""))
 
-    def segments(self, ctx: "RunContext", device: torch.device) -> torch.Tensor:
+    def segments(self, ctx: "MethodContext", device: torch.device) -> torch.Tensor:
         if self._seg is None or self._seg.device != device or self._seg.numel() != ctx.layout.total:
             self._seg = segment_ids(ctx.layout.numels, device)
         return self._seg
 
-    def bits(self, ctx: "RunContext") -> int:
+    def bits(self, ctx: "MethodContext") -> int:
         if self._bits is None or self._bits[0] != ctx.layout.shapes:
             self._bits = (ctx.layout.shapes, int(self.message_bits(ctx)))
         return self._bits[1]
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         """Encode delta (+ the residual), keep the new residual, return what the server decodes."""
         cfg = self.config
         bits, weight = self.bits(ctx), float(ctx.client_sizes[client])

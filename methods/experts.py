@@ -52,7 +52,8 @@ from .router import Router, RouterData, init_router_, mixing_weights, router_acc
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 OBJECTIVES = ("ddpm", "fm")
 MIXING_HELP = "full, top1, topk:K (1 <= K <= num_experts), oracle"
@@ -186,7 +187,7 @@ class Experts(Method):
     def sampler_label(self, run: "RunConfig") -> str:
         return "euler" if run.eval.sampler == "euler" else "heun"
 
-    def init_state(self, params: torch.Tensor, ctx: "RunContext") -> ServerState:
+    def init_state(self, params: torch.Tensor, ctx: "MethodContext") -> ServerState:
         """All experts start from the run's seeded initialisation: state.params is [K, P]."""
         cfg = self.config
         k, self.expert_of_client = assign_experts(cfg.num_experts, ctx.cfg.data.partition, ctx.partition.cluster_of_client,
@@ -194,24 +195,24 @@ class Experts(Method):
         self.objectives = parse_objectives(cfg.objectives, k)
         return ServerState(params=params.detach().unsqueeze(0).repeat(k, 1), extra={"intra_expert_bits": 0})
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         e = int(self.expert_of_client[client])
         # no downlink: the client keeps training its own cluster's expert (DDM: no communication)
         return ClientPlan(start=state.params[e], step=LocalStep(objective=self.objectives[e]), group=e, downlink_bits=0)
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         return Upload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=0, mask=None, group=plan.group)
 
-    def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_accumulator(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         acc = super().new_accumulator(state, ctx)
         acc["members"] = torch.zeros(state.params.shape[0], dtype=torch.float64, device=state.params.device)
         return acc
 
-    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "RunContext") -> None:
+    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "MethodContext") -> None:
         super().accumulate(acc, up, ctx)
         acc["members"][up.group] += 1
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         """Per-expert FedAvg (the base class's per-group mean); tally the intra-expert sync bits."""
         new = super().apply(state, acc, ctx)
         m = acc["members"]
@@ -220,7 +221,7 @@ class Experts(Method):
         return new
 
     # -- router ---------------------------------------------------------------------------------
-    def _router_data(self, ctx: "RunContext") -> RouterData:
+    def _router_data(self, ctx: "MethodContext") -> RouterData:
         """Every client-held image labelled with its client's expert; a seeded HOLDOUT fraction of
         each expert's images (stratified, so the held-out mix matches training) is held out."""
         idx = np.concatenate([ctx.partition.indices[c] for c in range(ctx.num_clients)])
@@ -236,7 +237,7 @@ class Experts(Method):
         as_t = lambda a: torch.as_tensor(a, dtype=torch.long, device=ctx.device)  # noqa: E731
         return RouterData(ctx.images, as_t(idx[train]), as_t(y[train]), as_t(idx[held]), as_t(y[held]))
 
-    def finalize(self, state: ServerState, ctx: "RunContext") -> dict[str, Any]:
+    def finalize(self, state: ServerState, ctx: "MethodContext") -> dict[str, Any]:
         """Train the router (or restore it from a checkpoint that already has it); report its accuracy."""
         cfg = self.config
         k = self.num_experts
@@ -270,7 +271,7 @@ class Experts(Method):
         return {**info, "router_accuracy": acc, "router_sample_grads": cfg.router_steps * cfg.router_batch}
 
     # -- sampling ------------------------------------------------------------------------------
-    def _expert_velocity(self, e: int, x: torch.Tensor, tb: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+    def _expert_velocity(self, e: int, x: torch.Tensor, tb: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
         """Velocity of expert e at (x, t): FM predicts it; DDPM's epsilon is converted (ctx.velocity)."""
         return ctx.velocity(ctx.model, x, tb, self.objectives[e])
 
@@ -282,7 +283,7 @@ class Experts(Method):
             return torch.ones((x.shape[0], 1), device=x.device, dtype=x.dtype)
         return F.softmax(self.router(x, tb).double(), dim=1).to(x.dtype)
 
-    def mixture_velocity(self, params: torch.Tensor, x: torch.Tensor, t: float, ctx: "RunContext",
+    def mixture_velocity(self, params: torch.Tensor, x: torch.Tensor, t: float, ctx: "MethodContext",
                          fixed: torch.Tensor | None = None, record: list[torch.Tensor] | None = None) -> torch.Tensor:
         """sum_k w_k(x, t) v_k(x, t); experts with zero weight for a sample are not evaluated on it."""
         tb = torch.full((x.shape[0],), t, device=x.device)
@@ -306,7 +307,7 @@ class Experts(Method):
                 v.index_add_(0, rows, w[rows, e].view(-1, *[1] * (x.dim() - 1)) * ve)
         return v
 
-    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The mixture as it samples: the router's weights (mixing mode; oracle: the full mixture,
         since its second pass needs a whole trajectory) times each expert's velocity."""
         ctx.model.eval()
@@ -314,7 +315,7 @@ class Experts(Method):
         return lambda x, t: self.mixture_velocity(flat, x, t, ctx)
 
     @torch.no_grad()
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext", batch: int | None = None) -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext", batch: int | None = None) -> torch.Tensor:
         """One velocity-space ODE (eval.sampler: heun, or euler) for every mixing mode.
 
         oracle: two passes. Pass 1 runs the full mixture and keeps the router's top-1 expert at

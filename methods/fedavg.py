@@ -10,7 +10,7 @@ from .base import ClientPlan, Method, ServerState
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.engine.context import RunContext
+    from .context import MethodContext
 
 
 @register_method("fedavg")
@@ -38,7 +38,7 @@ class FedProx(Method):
             if not (math.isfinite(self.mu) and self.mu >= 0):
                 raise ValueError(f"invalid value for 'method.mu' of 'fedprox': {self.mu!r}; allowed: a finite number >= 0")
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         plan = super().client_view(state, client, ctx)
         plan.step.proximal_mu = self.config.mu
         return plan

@@ -70,7 +70,8 @@ from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 MaskedMean = Literal["covered", "zero_fill"]  # how masked updates are averaged (methods.base.masked_weighted_mean)
 
@@ -206,7 +207,7 @@ class SubModelInfo:
     width: int
 
 
-def build_submodel(ctx: "RunContext", rate: float, scaler: bool = True) -> SubModelInfo:
+def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True) -> SubModelInfo:
     """The rate-r sub-model of the run's UNet, its flat mask, parameter count and FLOP fraction."""
     if not presets.width_aware(ctx.cfg.train.model):  # refused by HeteroFL.check already; never a KeyError here
         raise TypeError(f"heterofl slices the benchmark's UNet (benchmark/engine/model.py); train.model={ctx.cfg.train.model} is not one")
@@ -255,7 +256,7 @@ class HeteroFL(Method):
         self.masked_mean = config.masked_mean
         self._subs: dict[float, SubModelInfo] = {}  # per rate, built once per run
 
-    def rate_for(self, client: int, ctx: "RunContext") -> float:
+    def rate_for(self, client: int, ctx: "MethodContext") -> float:
         """A client's capacity (system.capacity tiers, ctx.capacity) is its width rate; else method.rate."""
         return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.rate)
 
@@ -277,12 +278,12 @@ class HeteroFL(Method):
             raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
                              f"rate {narrowest:g}); use --set train.clients_mode=sequential")
 
-    def submodel(self, rate: float, ctx: "RunContext") -> SubModelInfo:
+    def submodel(self, rate: float, ctx: "MethodContext") -> SubModelInfo:
         if rate not in self._subs:
             self._subs[rate] = build_submodel(ctx, rate, self.config.scaler)
         return self._subs[rate]
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         rate = self.rate_for(client, ctx)
         if rate >= 1.0:  # the full model: literally FedAvg's plan, so rate 1.0 == fedavg bitwise
             plan = super().client_view(state, client, ctx)
@@ -295,12 +296,12 @@ class HeteroFL(Method):
                           downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
                           flop_fraction=sub.flop_fraction)
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         up = super().upload(local, plan, client, state, ctx)
         up.uplink_bits = FLOAT_BITS * int(plan.trained_params)
         return up
 
-    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The sub-model `sample` samples (the largest rate any client holds) as a velocity field."""
         rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
         if rate >= 1.0:
@@ -310,7 +311,7 @@ class HeteroFL(Method):
         objective = ctx.objective
         return lambda x, t: ctx.velocity(net, x, torch.full((x.shape[0],), t, device=x.device), objective)
 
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
         """Inference rule: the largest rate any client holds, with its training-time scaling."""
         rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
         if rate >= 1.0:

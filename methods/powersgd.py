@@ -66,7 +66,8 @@ from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 Q_KEY = "powersgd_q"  # client -> flat float32 Q of every compressed tensor
 LAST_KEY = "powersgd_last_round"  # client -> the last round it received a global model (downlink=factors)
@@ -173,16 +174,16 @@ class PowerSGD(CompressedUpdate):
                              f"{run.privacy.clip:g}): it broadcasts every client's own factors, which the noise on the "
                              "aggregate does not cover; use --set method.downlink=full")
 
-    def _plan(self, ctx: "RunContext") -> list[Block]:
+    def _plan(self, ctx: "MethodContext") -> list[Block]:
         if self._blocks is None or self._blocks[0] != ctx.layout.shapes:
             self._blocks = (ctx.layout.shapes, blocks(ctx.layout.shapes, self.config.rank))
             self._q_total = sum(b.cols * self.config.rank for b in self._blocks[1])
         return self._blocks[1]
 
-    def message_bits(self, ctx: "RunContext") -> int:
+    def message_bits(self, ctx: "MethodContext") -> int:
         return powersgd_bits(ctx.layout.shapes, self.config.rank)
 
-    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "RunContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
+    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "MethodContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
         plan, r = self._plan(ctx), self.config.rank
         if not plan:  # every tensor uncompressed: the message is m itself
             return m, True, {}
@@ -202,7 +203,7 @@ class PowerSGD(CompressedUpdate):
         return decoded, False, {Q_KEY: new_q}
 
     # -- downlink=factors: who holds the previous model, and what the last broadcast cost ----------
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         plan = super().client_view(state, client, ctx)
         if self.config.downlink == "factors":
             last, sent = state.client_state(LAST_KEY, client), state.extra.get(BROADCAST_KEY)
@@ -211,18 +212,18 @@ class PowerSGD(CompressedUpdate):
             state.set_client_state(LAST_KEY, client, int(ctx.round))
         return plan
 
-    def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_accumulator(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         acc = super().new_accumulator(state, ctx)
         if self.config.downlink == "factors":
             acc["uploads"] = torch.zeros(1, dtype=torch.float64, device=state.params.device)  # K of the broadcast
         return acc
 
-    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "RunContext") -> None:
+    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "MethodContext") -> None:
         super().accumulate(acc, up, ctx)
         if self.config.downlink == "factors":
             acc["uploads"] += 1
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         new = super().apply(state, acc, ctx)
         if self.config.downlink == "factors":
             k = int(acc["uploads"][0])

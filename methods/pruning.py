@@ -77,8 +77,8 @@ from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
-    from dfbench.benchmark.engine.model import Layout
+
+    from .context import MethodContext, ParamLayout
 
 SEED_BITS = 64
 Scope = Literal["layer", "global"]
@@ -94,7 +94,7 @@ def keep_count(n: int, keep: float) -> int:
     return min(n, max(1, math.floor(keep * n + 0.5)))
 
 
-def prunable_tensors(layout: "Layout", prune_biases: bool) -> list[bool]:
+def prunable_tensors(layout: "ParamLayout", prune_biases: bool) -> list[bool]:
     """Per layout entry: may it be pruned? Weight matrices always; biases/norms only on request."""
     return [True] * len(layout.names) if prune_biases else list(layout.is_weight())
 
@@ -107,7 +107,7 @@ def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
-def mask_from_scores(scores: torch.Tensor, layout: "Layout", keep: float, prunable: list[bool],
+def mask_from_scores(scores: torch.Tensor, layout: "ParamLayout", keep: float, prunable: list[bool],
                      scope: Scope = "layer") -> torch.Tensor:
     """Float 0/1 mask [P] keeping the top-scored entries of the prunable tensors; the rest is 1.
 
@@ -130,7 +130,7 @@ def mask_from_scores(scores: torch.Tensor, layout: "Layout", keep: float, prunab
     return mask
 
 
-def random_mask(layout: "Layout", keep: float, prunable: list[bool], gen: torch.Generator,
+def random_mask(layout: "ParamLayout", keep: float, prunable: list[bool], gen: torch.Generator,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Uniformly random mask, exactly keep_count entries per prunable tensor, from `gen`.
 
@@ -146,7 +146,7 @@ def random_mask(layout: "Layout", keep: float, prunable: list[bool], gen: torch.
     return mask
 
 
-def magnitude_mask(params: torch.Tensor, layout: "Layout", keep: float, prunable: list[bool],
+def magnitude_mask(params: torch.Tensor, layout: "ParamLayout", keep: float, prunable: list[bool],
                    scope: Scope = "layer") -> torch.Tensor:
     """Top-k magnitude mask of the global weights (per layer or global pool)."""
     return mask_from_scores(params.abs(), layout, keep, prunable, scope).to(params.dtype)
@@ -154,7 +154,7 @@ def magnitude_mask(params: torch.Tensor, layout: "Layout", keep: float, prunable
 
 # -- compute accounting -------------------------------------------------------------------
 
-def weight_macs(model: nn.Module, layout: "Layout", image_shape: tuple[int, ...], device: torch.device | str = "cpu") -> np.ndarray:
+def weight_macs(model: nn.Module, layout: "ParamLayout", image_shape: tuple[int, ...], device: torch.device | str = "cpu") -> np.ndarray:
     """Multiply-accumulates per sample of each layout entry's conv/linear weight (0 elsewhere).
 
     Measured with forward hooks on one dummy sample: a conv weight costs its size times the
@@ -189,7 +189,7 @@ def weight_macs(model: nn.Module, layout: "Layout", image_shape: tuple[int, ...]
     return macs
 
 
-def flop_fraction(mask: torch.Tensor, layout: "Layout", macs: np.ndarray) -> float:
+def flop_fraction(mask: torch.Tensor, layout: "ParamLayout", macs: np.ndarray) -> float:
     """sum_l macs_l * kept_l / n_l over sum_l macs_l (1.0 when nothing is counted)."""
     total = float(macs.sum())
     if total <= 0:
@@ -233,27 +233,28 @@ class _SubModelPruning(Method):
     """Shared mechanics: per-client keep ratio, masked start point, bit and FLOP accounting."""
 
     headline_params = ("keep_ratio",)
+    dense_param = "keep_ratio"  # keep 1.0 without tiers: no mask at all, bitwise FedAvg
 
     def __init__(self, config: PruneConfig) -> None:
         super().__init__(config)
         self.masked_mean = config.masked_mean
         self._macs: np.ndarray | None = None
 
-    def keep_for(self, client: int, ctx: "RunContext") -> float:
+    def keep_for(self, client: int, ctx: "MethodContext") -> float:
         """A client's capacity (system.capacity tiers, ctx.capacity) is its keep ratio; else keep_ratio."""
         return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.keep_ratio)
 
-    def prunable(self, layout: "Layout") -> list[bool]:
+    def prunable(self, layout: "ParamLayout") -> list[bool]:
         return prunable_tensors(layout, self.config.prune_biases)
 
-    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "MethodContext") -> torch.Tensor:
         raise NotImplementedError
 
-    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+    def mask_bits(self, layout: "ParamLayout", direction: Literal["down", "up"]) -> int:
         """Bits that tell the other side which entries are kept."""
         raise NotImplementedError
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         keep = self.keep_for(client, ctx)
         total = ctx.layout.total
         if keep >= 1.0:  # the full model: literally FedAvg's plan, so keep 1.0 == fedavg bitwise
@@ -270,13 +271,13 @@ class _SubModelPruning(Method):
                           trained_params=kept, flop_fraction=flop_fraction(mask, ctx.layout, self._macs))
 
     # -- inference rule ------------------------------------------------------------------
-    def client_weights(self, ctx: "RunContext") -> tuple[np.ndarray, np.ndarray]:
+    def client_weights(self, ctx: "MethodContext") -> tuple[np.ndarray, np.ndarray]:
         """(p_k, n_k / n) over all clients: the training distribution of sub-model keep ratios."""
         sizes = np.asarray(ctx.client_sizes, dtype=np.float64)
         keeps = np.asarray(ctx.capacity, dtype=np.float64) if ctx.capacity is not None else np.full(len(sizes), float(self.config.keep_ratio))
         return keeps, sizes / sizes.sum()
 
-    def inference_scales(self, ctx: "RunContext") -> list[float]:
+    def inference_scales(self, ctx: "MethodContext") -> list[float]:
         """Per layout entry: c_l = sum_k (n_k/n) keep_count(n_l, p_k) / n_l (1.0 if not prunable)."""
         keeps, w = self.client_weights(ctx)
         out = []
@@ -284,18 +285,18 @@ class _SubModelPruning(Method):
             out.append(float(sum(wk * (keep_count(n, pk) / n if pk < 1.0 else 1.0) for pk, wk in zip(keeps, w))) if p else 1.0)
         return out
 
-    def sampling_keep(self, ctx: "RunContext") -> float:
+    def sampling_keep(self, ctx: "MethodContext") -> float:
         """Keep ratio of the `submodel` rule: inference_keep, or the n_k-weighted mean of the p_k."""
         if self.config.inference_keep > 0:
             return float(self.config.inference_keep)
         keeps, w = self.client_weights(ctx)
         return 1.0 if (keeps >= 1.0).all() else float((keeps * w).sum())
 
-    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "MethodContext") -> torch.Tensor:
         """The `submodel` rule's mask for the sampled parameters."""
         raise NotImplementedError
 
-    def inference_params(self, params: torch.Tensor, ctx: "RunContext", mode: Inference | None = None) -> torch.Tensor:
+    def inference_params(self, params: torch.Tensor, ctx: "MethodContext", mode: Inference | None = None) -> torch.Tensor:
         """The parameters the sampler uses under inference rule `mode` (None: the configured rule)."""
         mode = self.config.inference if mode is None else mode
         if mode == "full":
@@ -312,14 +313,14 @@ class _SubModelPruning(Method):
         keep = self.sampling_keep(ctx)
         return params if keep >= 1.0 else params * self.inference_mask(params, keep, ctx)
 
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
         return self.sample_as(self.config.inference, params, noise, ctx)
 
-    def velocity(self, params: torch.Tensor, ctx: "RunContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The configured inference rule's model as a velocity field (what `sample` samples)."""
         return super().velocity(self.inference_params(params, ctx, self.config.inference), ctx)
 
-    def sample_as(self, mode: Inference, params: torch.Tensor, noise: torch.Tensor, ctx: "RunContext") -> torch.Tensor:
+    def sample_as(self, mode: Inference, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
         """Samples of the model under inference rule `mode` (the submodel rule with the configured
         inference_keep / inference_seed)."""
         return ctx.sample_single(self.inference_params(params, ctx, mode), noise, ctx.objective)
@@ -349,7 +350,7 @@ class _SubModelPruning(Method):
                 others[other] = functools.partial(self.sample_as, other)
         return SampleVariants(label=mode, others=others)
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         if plan.step.mask is None:
             return super().upload(local, plan, client, state, ctx)
         bits = FLOAT_BITS * int(plan.trained_params) + self.mask_bits(ctx.layout, "up")
@@ -367,13 +368,13 @@ class RandomPrune(_SubModelPruning):
         # never saw; the weight-scaling rule matches the sub-models' mean output
         inference: Inference = "scaled"
 
-    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "MethodContext") -> torch.Tensor:
         return random_mask(ctx.layout, keep, self.prunable(ctx.layout), ctx.gen("mask", ctx.round, client), state.params.dtype)
 
-    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+    def mask_bits(self, layout: "ParamLayout", direction: Literal["down", "up"]) -> int:
         return SEED_BITS  # both sides rebuild the mask from (seed, round, client)
 
-    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "MethodContext") -> torch.Tensor:
         gen = ctx.gen("inference_mask", self.config.inference_seed)
         return random_mask(ctx.layout, keep, self.prunable(ctx.layout), gen, params.dtype)
 
@@ -401,17 +402,17 @@ class TopKPrune(_SubModelPruning):
         self._cache_src: torch.Tensor | None = None
         self._cache: dict[float, torch.Tensor] = {}
 
-    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def make_mask(self, state: ServerState, client: int, keep: float, ctx: "MethodContext") -> torch.Tensor:
         if self._cache_src is not state.params:
             self._cache_src, self._cache = state.params, {}
         if keep not in self._cache:
             self._cache[keep] = magnitude_mask(state.params, ctx.layout, keep, self.prunable(ctx.layout), self.config.scope)
         return self._cache[keep]
 
-    def mask_bits(self, layout: "Layout", direction: Literal["down", "up"]) -> int:
+    def mask_bits(self, layout: "ParamLayout", direction: Literal["down", "up"]) -> int:
         if direction == "up":
             return 0  # the server derives the mask from the weights it sent
         return sum(n for n, p in zip(layout.numels, self.prunable(layout)) if p)  # 1-bit bitmap per prunable entry
 
-    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "RunContext") -> torch.Tensor:
+    def inference_mask(self, params: torch.Tensor, keep: float, ctx: "MethodContext") -> torch.Tensor:
         return magnitude_mask(params, ctx.layout, keep, self.prunable(ctx.layout), self.config.scope)

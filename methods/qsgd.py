@@ -39,7 +39,7 @@ from .compression import CompressedUpdate, check_common, fail
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.engine.context import RunContext
+    from .context import MethodContext
 
 MIN_LEVELS, MAX_LEVELS = 1, 65535
 
@@ -88,10 +88,10 @@ class QSGD(CompressedUpdate):
                 fail("qsgd", "levels", self.levels, f"an integer in {MIN_LEVELS}..{MAX_LEVELS}")
             check_common("qsgd", self)
 
-    def message_bits(self, ctx: "RunContext") -> int:
+    def message_bits(self, ctx: "MethodContext") -> int:
         return qsgd_bits(ctx.layout.numels, self.config.levels)
 
-    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "RunContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
+    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "MethodContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
         seg, s = self.segments(ctx, m.device), self.config.levels
         norms, signed = qsgd_encode(m, seg, s, ctx.gen("qsgd", ctx.round, client))
         return qsgd_decode(norms, signed, seg, s), False, {}

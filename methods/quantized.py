@@ -36,7 +36,8 @@ from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 RESIDUAL_KEY = "ef_residual"
 
@@ -78,12 +79,12 @@ class Quantized(Method):
             raise ValueError("method.error_feedback=true of 'quantized' needs a single process (world size 1); "
                              "run without torchrun or set method.error_feedback=false")
 
-    def _segments(self, ctx: "RunContext", device: torch.device) -> torch.Tensor:
+    def _segments(self, ctx: "MethodContext", device: torch.device) -> torch.Tensor:
         if self._seg is None or self._seg.device != device or self._seg.numel() != ctx.layout.total:
             self._seg = segment_ids(ctx.layout.numels, device)
         return self._seg
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         """Quantise (local - start) [+ residual], return start + decoded update and the exact bit count."""
         cfg = self.config
         bits = message_bits(ctx.layout.numels, cfg.bits)

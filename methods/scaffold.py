@@ -47,7 +47,7 @@ from .base import FLOAT_BITS, Capabilities, ClientPlan, Method, ServerState, Upl
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.engine.context import RunContext
+    from .context import MethodContext
 
 SERVER_KEY = "scaffold_c"
 CLIENT_KEY = "scaffold_ci"
@@ -83,7 +83,7 @@ class Scaffold(Method):
         """(c, c_i); None stands for a control variate that is still 0."""
         return state.extra.get(SERVER_KEY), state.client_state(CLIENT_KEY, client)
 
-    def client_view(self, state: ServerState, client: int, ctx: "RunContext") -> ClientPlan:
+    def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         plan = super().client_view(state, client, ctx)
         plan.downlink_bits += FLOAT_BITS * state.params.numel()  # c travels with x
         c, ci = self._variates(state, client)
@@ -92,7 +92,7 @@ class Scaffold(Method):
             plan.step.step_correction = (c if c is not None else zero) - (ci if ci is not None else zero)
         return plan
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         c, ci = self._variates(state, client)
         steps, lr = int(ctx.local_steps[client]), ctx.client_lr()
         # option II: c_i^+ - c_i = (x - y_i) / (K eta_l) - c
@@ -104,17 +104,17 @@ class Scaffold(Method):
         return ScaffoldUpload(params=local, weight=float(ctx.client_sizes[client]), uplink_bits=2 * FLOAT_BITS * local.numel(),
                               mask=plan.step.mask, group=plan.group, delta_c=delta_c)
 
-    def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_accumulator(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         acc = super().new_accumulator(state, ctx)
         acc["dc_sum"] = torch.zeros_like(state.params, dtype=torch.float64)
         return acc
 
-    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "RunContext") -> None:
+    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "MethodContext") -> None:
         super().accumulate(acc, up, ctx)
         if isinstance(up, ScaffoldUpload) and up.delta_c is not None:
             acc["dc_sum"].add_(up.delta_c)
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         theta = state.params
         wt = float(acc["wtotal"][0])
         if wt <= 0:

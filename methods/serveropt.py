@@ -39,7 +39,7 @@ from .base import Method, ServerState, masked_weighted_mean
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.engine.context import RunContext
+    from .context import MethodContext
 
 MOMENT_KEY = "server_m"  # state.extra keys of the optimizer state
 SECOND_KEY = "server_v"
@@ -58,7 +58,7 @@ class _ServerOptimizer(Method):
         """float64 step s with x_{t+1} = x_t + s; updates the optimizer state in `extra` (stored in `dtype`)."""
         raise NotImplementedError
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         theta = state.params
         wt = float(acc["wtotal"][0])
         if wt <= 0:  # nobody reported: no pseudo-gradient, the optimizer state stays as it was

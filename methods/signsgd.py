@@ -45,7 +45,8 @@ from .registry import register_method
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.context import RunContext
+
+    from .context import MethodContext
 
 AGGREGATIONS: tuple[str, ...] = ("mean", "majority")
 
@@ -112,16 +113,16 @@ class SignSGD(CompressedUpdate):
                              f"{run.privacy.clip:g}): DP clips and noises the weighted mean of the decoded models, which "
                              "a vote does not read; use --set method.aggregation=mean")
 
-    def message_bits(self, ctx: "RunContext") -> int:
+    def message_bits(self, ctx: "MethodContext") -> int:
         return sign_bits(ctx.layout.numels)
 
-    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "RunContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
+    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "MethodContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
         seg = self.segments(ctx, m.device)
         signs, scales = sign_encode(m, seg, ctx.layout.numels)
         self._message = (signs, scales)
         return sign_decode(signs, scales, seg), False, {}
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "RunContext") -> Upload:
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
         self._message = None
         up = super().upload(local, plan, client, state, ctx)
         if self.config.aggregation == "mean":
@@ -131,7 +132,7 @@ class SignSGD(CompressedUpdate):
         return SignUpload(**vars(up), signs=signs, scales=scales)
 
     # -- majority vote: sums of n_k s_k and n_k scale_k (all_reduce-able) ------------------------
-    def new_accumulator(self, state: ServerState, ctx: "RunContext") -> dict[str, torch.Tensor]:
+    def new_accumulator(self, state: ServerState, ctx: "MethodContext") -> dict[str, torch.Tensor]:
         if self.config.aggregation == "mean":
             return super().new_accumulator(state, ctx)
         f64 = dict(dtype=torch.float64, device=state.params.device)
@@ -139,7 +140,7 @@ class SignSGD(CompressedUpdate):
         return {"vote": torch.zeros(ctx.layout.total, **f64), "scale_sum": torch.zeros(len(ctx.layout.numels), **f64),
                 "weight_sum": torch.zeros(1, **f64)}
 
-    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "RunContext") -> None:
+    def accumulate(self, acc: dict[str, torch.Tensor], up: Upload, ctx: "MethodContext") -> None:
         if self.config.aggregation == "mean":
             return super().accumulate(acc, up, ctx)
         if not isinstance(up, SignUpload) or up.signs is None or up.scales is None:
@@ -148,7 +149,7 @@ class SignSGD(CompressedUpdate):
         acc["scale_sum"].add_(up.scales.to(torch.float64), alpha=up.weight)
         acc["weight_sum"] += up.weight
 
-    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "RunContext") -> ServerState:
+    def apply(self, state: ServerState, acc: dict[str, torch.Tensor], ctx: "MethodContext") -> ServerState:
         if self.config.aggregation == "mean":
             return super().apply(state, acc, ctx)
         theta, wt = state.params, float(acc["weight_sum"][0])

@@ -45,7 +45,7 @@ from .pruning import keep_count, top_k_mask
 from .registry import register_method
 
 if TYPE_CHECKING:
-    from dfbench.benchmark.engine.context import RunContext
+    from .context import MethodContext
 
 SCOPES: tuple[str, ...] = ("layer", "global")
 
@@ -94,9 +94,9 @@ class TopKUpdate(CompressedUpdate):
                 fail("topk_update", "scope", self.scope, ", ".join(SCOPES))
             check_common("topk_update", self)
 
-    def message_bits(self, ctx: "RunContext") -> int:
+    def message_bits(self, ctx: "MethodContext") -> int:
         return topk_bits(ctx.layout.numels, self.config.fraction, self.config.scope)
 
-    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "RunContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
+    def encode(self, m: torch.Tensor, client: int, state: ServerState, ctx: "MethodContext") -> tuple[torch.Tensor, bool, dict[str, Any]]:
         keep = kept_mask(m, ctx.layout.numels, self.config.fraction, self.config.scope)
         return torch.where(keep, m, torch.zeros_like(m)), bool(keep.all()), {}

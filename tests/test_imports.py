@@ -141,12 +141,14 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def imported_modules(name: str, path: Path, known: set[str], *, late: bool = False) -> set[str]:
-    """The package modules that module ``name`` imports at import time (``late``: anywhere)."""
+def imported_modules(name: str, path: Path, known: set[str], *, late: bool = False,
+                     type_checking: bool = False) -> set[str]:
+    """The package modules that module ``name`` imports at import time (``late``: anywhere; ``type_checking``:
+    with ``late``, the ``if TYPE_CHECKING:`` imports too, which never run)."""
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     if late:
-        skipped = _type_checking_only(tree)
+        skipped = set() if type_checking else _type_checking_only(tree)
         nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skipped]
     else:
         nodes = _module_level(tree.body)
@@ -296,6 +298,23 @@ def test_no_module_imports_a_layer_above_its_own(late: bool) -> None:
     assert "dfbench.benchmark.engine.training" in graph and "dfbench.methods.base" in graph  # the real tree
     bad = upward_imports(graph)
     assert not bad, "imports from a higher layer:\n  " + "\n  ".join(bad)
+
+
+def test_the_methods_name_nothing_of_the_engine_not_even_for_type_checking() -> None:
+    """A method's hooks are typed against the protocol the methods own (methods/context.py), so no module of
+    methods/ imports the engine, not even under ``if TYPE_CHECKING:`` (which the layer check does not count)."""
+    modules = package_modules()
+    known = set(modules)
+    named = {}
+    for name, path in modules.items():
+        if layer_of(name) != layer_of("dfbench.methods"):
+            continue
+        every = imported_modules(name, path, known, late=True, type_checking=True)
+        above = [t for t in every if t not in PASS_THROUGH and layer_of(t) > layer_of(name)]
+        if above:
+            named[name] = sorted(above)
+    assert "dfbench.methods.context" in modules  # the protocol is there
+    assert not named, f"methods importing layers above them (type checking included): {named}"
 
 
 def test_the_packages_every_import_passes_through_import_nothing_eagerly() -> None:

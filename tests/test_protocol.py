@@ -163,3 +163,26 @@ def test_grid_dry_run_lists_every_incompatible_cell_before_any_data(monkeypatch,
     code = cli.main(["run", "--method", "scaffold", "--set", "train.clients_mode=batched", "--out", str(tmp_path)])
     assert code == 2 and "cannot run with train.clients_mode=batched" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the context a method sees is the methods' own protocol ---------------------------------------------
+
+def _protocol_members(proto: type) -> set[str]:
+    """The names a typing.Protocol declares (its properties, methods and annotated attributes)."""
+    own = {n for n in vars(proto) if not n.startswith("_")} | set(getattr(proto, "__annotations__", {}))
+    return own - {"register"}
+
+
+def test_the_engines_run_context_is_a_method_context(tiny_data):
+    from dfbench.benchmark.engine.context import RunContext
+    from dfbench.benchmark.engine.model import Layout
+    from dfbench.methods.context import MethodContext, ParamLayout
+
+    fields = {f for f in RunContext.__dataclass_fields__}
+    missing = {n for n in _protocol_members(MethodContext) if n not in fields and not hasattr(RunContext, n)}
+    assert not missing, f"RunContext lacks what MethodContext promises the methods: {sorted(missing)}"
+    assert {"cfg", "layout", "round", "gen", "sample_single"} <= _protocol_members(MethodContext)  # a real reading
+    layout_fields = set(Layout.__dataclass_fields__)
+    assert {n for n in _protocol_members(ParamLayout) if n not in layout_fields and not hasattr(Layout, n)} == set()
+    ctx = build_context(tiny_config(), data=tiny_data)
+    assert isinstance(ctx, MethodContext) and isinstance(ctx.layout, ParamLayout)
