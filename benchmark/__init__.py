@@ -1,6 +1,10 @@
-"""dfbench's engine, in sub-packages by role (layers, lowest first; README "Architecture"):
-core (config, run folders, seeds, locks), metrics, engine (model, objectives, the local step,
-the round, the run's life cycle), grid, report; cli.py and api.py are thin fronts over them.
+"""dfbench's engine, in sub-packages by role. The layers, lowest first (tests/test_imports.py LAYERS; a module
+imports only from its own layer or below):
+
+0 datasets (dfbench.datasets), 1 core (config, run folders, seeds, locks, the preset table),
+2 methods (dfbench.methods), 3 metrics, 4 tracking, 5 engine (resolving a config, the model, objectives,
+the local step, the round, the run's life cycle), 6 grid, 7 report (the leaderboard), 8 studies;
+cli.py, api.py and perf.py are thin fronts over them.
 """
 
 from dfbench import __version__  # noqa: F401  (one version, kept in dfbench/__init__.py)

@@ -1,4 +1,4 @@
-"""dfbench datasets: verified dataset sources and client partitioners.
+"""dfbench datasets: verified dataset sources and client partitioners (layer 0: it imports nothing of dfbench).
 
 >>> from dfbench.datasets import load, partition
 >>> train = load("fmnist", "train")                       # doctest: +SKIP

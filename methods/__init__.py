@@ -1,4 +1,6 @@
-"""The method registry. Each method module is imported here so its decorator runs.
+"""Layer 2, the methods: the method protocol, the registry, and one module per method family. Each method
+module is imported here so its decorator runs. The methods import only core and the datasets below them; what
+they see of a run is their own protocol, `MethodContext` (context.py), which the engine satisfies.
 
 Adding a method: write methods/<name>.py with a `Method` subclass decorated by
 `@register_method("<name>")`, then add its import below. A method in another package is a

@@ -1,12 +1,13 @@
 """The package's import graph follows the layers and has no circles.
 
-Layers, lowest first (docs/architecture.md, "Layers"): datasets; core + methods (the run's
-configuration, the run-folder format, the method protocol and the methods, which see the
-engine only through RunContext); metrics; tracking (experiment trackers); engine; grid; report (the
-leaderboard); studies (the tools of one study each: paired tests, frontier, privacy, time to quality,
-the paper's figures, metric calibration; they read what report reads); the fronts (cli, api,
-perf, the top-level dfbench API). A module imports only from its own layer or below, with no
-exception.
+Layers, lowest first (`LAYERS`; each package's docstring states its number, checked below): 0 datasets;
+1 core (the run's configuration, value parsing, seeds, locks, the preset table, the run-folder format);
+2 methods (the method protocol and the methods, which see a run only through their own protocol,
+methods/context.py); 3 metrics; 4 tracking (experiment trackers); 5 engine (resolving a config against
+the methods and the data, the run); 6 grid; 7 report (the leaderboard); 8 studies (the tools of one study
+each: paired tests, frontier, privacy, time to quality, the paper's figures, metric calibration; they read
+what report reads); 9 the fronts (cli, api, perf, the top-level dfbench API). A module imports only from
+its own layer or below, with no exception.
 
 The graph is built statically (``ast`` over the package files, relative imports
 resolved against the installed names: ``dfbench.benchmark`` is the folder
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -298,6 +300,25 @@ def test_no_module_imports_a_layer_above_its_own(late: bool) -> None:
     assert "dfbench.benchmark.engine.training" in graph and "dfbench.methods.base" in graph  # the real tree
     bad = upward_imports(graph)
     assert not bad, "imports from a higher layer:\n  " + "\n  ".join(bad)
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+
+
+def test_the_layer_numbers_in_the_docstrings_are_true() -> None:
+    """Each layer's package says "Layer N" (or "layer N") in its docstring's first sentence, N its index in
+    LAYERS; benchmark/__init__.py's list of the layers ("0 datasets, 1 core, ...") is LAYERS' order."""
+    modules = package_modules()
+    for index, prefixes in enumerate(LAYERS[:-1]):  # the fronts are modules, not a package
+        package = prefixes[0]
+        first = _docstring(modules[package]).split(".\n")[0].split(". ")[0]
+        found = re.search(r"\b[Ll]ayer (\d+)\b", first)
+        assert found, f"{package}'s docstring does not say its layer (Layer {index}): {first!r}"
+        assert int(found.group(1)) == index, f"{package}'s docstring says layer {found.group(1)}; it is layer {index}"
+    listed = re.findall(r"\b(\d+) ([a-z]+)\b", _docstring(modules["dfbench.benchmark"]))
+    assert [int(n) for n, _ in listed] == list(range(len(LAYERS) - 1)), listed
+    assert [word for _, word in listed] == [prefixes[0].rpartition(".")[2] for prefixes in LAYERS[:-1]], listed
 
 
 def test_the_methods_name_nothing_of_the_engine_not_even_for_type_checking() -> None:

@@ -1,4 +1,4 @@
-"""Layer 4: grids of runs: TOML specs, cell planning and state, the worker runner, fetch and preflight.
+"""Layer 6: grids of runs: TOML specs, cell planning and state, the worker runner, fetch and preflight.
 
 The shipped grids are the TOML files in ``builtin/``.
 """

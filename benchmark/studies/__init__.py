@@ -1,4 +1,4 @@
-"""The tools of one study each, above the leaderboard (report/): each writes one committed study's
+"""Layer 8: the tools of one study each, above the leaderboard (report/): each writes one committed study's
 tables and figures under results/ (`python -m dfbench.benchmark.studies.<name>`).
 
 Over run folders (reading what the reporter reads, `report.frames.collect`): `paired` (each setting

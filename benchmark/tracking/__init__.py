@@ -1,4 +1,4 @@
-"""Experiment trackers (`--log tensorboard,wandb,mlflow`, the API's `log=`): a run's rows, curve,
+"""Layer 4: experiment trackers (`--log tensorboard,wandb,mlflow`, the API's `log=`): a run's rows, curve,
 config, final metrics and sample grid, mirrored into TensorBoard, Weights & Biases or MLflow.
 
 Tracking is a run option, like the progress bar: it is not in the config, so it changes no run id
