@@ -1,7 +1,8 @@
 """The HTML report in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
 driven by Selenium). The page must load without a console error, every table must sort by a
-click on its header, nothing may be fetched from outside the file, and it must read on a
-phone-sized screen (no sideways scrolling of the page; wide tables scroll in their own box).
+click on its header, nothing may be fetched from outside the file, it must read on a
+phone-sized screen (no sideways scrolling of the page; wide tables scroll in their own box), and
+on a desktop its main table must use the window's width with every row one line tall.
 
 CI installs Chromium (.ci/run) and sets DFBENCH_REQUIRE_BROWSER=1, so there a missing browser
 fails these tests; elsewhere they are skipped with the reason.
@@ -166,16 +167,51 @@ def test_page_reads_on_a_phone(page: Path, browser, tmp_path: Path) -> None:
 
 
 def test_run_folder_links_resolve(page: Path, browser) -> None:
-    """The main table links each setting's run folders; the links resolve beside the runs (relative)."""
+    """Under each main table a folded list links each setting's run folders (the table itself holds no
+    links: its rows stay one line); the links resolve beside the runs (relative)."""
     browser.set_window_size(1280, 900)
     browser.get(page.as_uri())
-    hrefs = browser.execute_script("return Array.from(document.querySelectorAll('table a')).map(a => a.href);")
+    assert browser.execute_script("return document.querySelectorAll('table a').length;") == 0
+    assert browser.execute_script("return document.querySelectorAll('details.runs[open]').length;") == 0  # folded
+    hrefs = browser.execute_script("return Array.from(document.querySelectorAll('details.runs a')).map(a => a.href);")
     assert len(hrefs) >= 8
     from urllib.parse import unquote, urlparse
 
     for href in hrefs:
         target = Path(unquote(urlparse(href).path))
         assert (target / "config.json").is_file(), href
+
+
+def _layout(driver, table_id: str) -> dict:
+    """The table's width, its header row's height and line height, and every body row's height (px)."""
+    return driver.execute_script(
+        """const t = document.getElementById(arguments[0]);
+           const th = t.tHead.rows[0].cells[0];
+           return {width: t.getBoundingClientRect().width,
+                   header: t.tHead.rows[0].getBoundingClientRect().height,
+                   line: parseFloat(getComputedStyle(th).lineHeight) || parseFloat(getComputedStyle(th).fontSize) * 1.45,
+                   rows: Array.from(t.tBodies[0].rows).map(r => r.getBoundingClientRect().height)};""", table_id)
+
+
+def test_main_table_uses_the_window_and_rows_are_one_line(page: Path, browser, tmp_path: Path) -> None:
+    """No fixed column: the main table grows with the window (issue 51 found it held to ~770 px in a
+    2,600 px window), each row is one line tall (run-folder links are folded under the table, not in
+    it), and the ranking rules are folded under a short summary."""
+    shapes = {}
+    for size in ((1600, 1000), (2600, 1400)):
+        browser.set_window_size(*size)
+        browser.get(page.as_uri())
+        shape = shapes[size[0]] = _layout(browser, "fmnist-iid-main")
+        inner = browser.execute_script("return document.documentElement.clientWidth;")
+        assert shape["width"] > 0.9 * inner, (size, shape["width"], inner)
+        assert shape["rows"] and max(shape["rows"]) < 2 * shape["line"], (size, shape)
+        assert max(shape["rows"]) < 1.5 * shape["header"], (size, shape)
+        browser.save_screenshot(str(tmp_path / f"wide-{size[0]}.png"))
+        _keep(tmp_path / f"wide-{size[0]}.png")
+    assert shapes[2600]["width"] > shapes[1600]["width"] + 500, {k: v["width"] for k, v in shapes.items()}
+    rules = browser.execute_script(
+        "return Array.from(document.querySelectorAll('details.rules')).map(d => [d.open, d.querySelector('summary').textContent]);")
+    assert len(rules) == 2 and all(not is_open and len(summary) < 80 for is_open, summary in rules), rules
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -204,6 +240,9 @@ def test_committed_report_pages_load_sort_and_read_on_a_phone(page_path: Path, b
         _click(browser, table, header)
         values = [v for v in _numbers(_column(browser, table, header)) if not math.isnan(v)]
         assert values == sorted(values), (table, values)
+        # one line a row, whatever the number of seeds (no run-folder links in the table)
+        shape = _layout(browser, table)
+        assert max(shape["rows"]) < 2 * shape["line"], (table, shape)
     browser.set_window_size(390, 844)
     browser.get(page_path.as_uri())
     width = browser.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")

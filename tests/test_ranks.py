@@ -47,11 +47,12 @@ def test_one_seed_each_orders_single_runs_and_settles_nothing(tmp_path):
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "| 1 | fedprox |" in md and "| 2 | fedavg |" in md and "1=" not in md
     assert "With one seed per setting no rank is settled" in md
-    assert "inconclusive ×0.989, 1 seed" in md  # 318.1 / 321.7, one pair: no test
+    assert "| ×0.989 (1 seed: not tested) |" in md  # 318.1 / 321.7, one pair: no spread, so no test
+    assert "inconclusive ×0.989" not in md and "1 not tested (one seed: no spread to test)" in md
     assert f"Intervals [low, high]: {CI}." in md and "over 2,000 resamples of the seeds" in md
     assert "318.1 [305, 331]" in md
     html = (tmp_path / "out" / "leaderboard.html").read_text()
-    assert "inconclusive" in html and CI in html
+    assert "1 seed: not tested" in html and CI in html
 
 
 def test_separated_intervals_get_different_ranks(tmp_path):
@@ -152,5 +153,8 @@ def test_a_planted_bimodal_setting_is_flagged_on_the_page_and_not_ranked_first(t
     assert bool(trained.loc["random_prune", "floor"]) and not bool(trained.loc["fedavg", "floor"])
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "collapsed 1/3 (unstable); not better than untrained" in md
-    assert "Not shown better than the untrained model (ranked last): random_prune" in md
-    assert "Collapsed on some seeds only: random_prune (1/3)." in md
+    assert "Not shown better than the untrained model (ranked last): random_prune (keep_ratio=0.5)." in md
+    assert "Collapsed on some seeds only: random_prune (keep_ratio=0.5) (1/3)." in md
+    # each flag the table uses is explained under it, once
+    legend = [ln for ln in md.splitlines() if ln.startswith(("- collapsed k/n:", "- unstable:", "- not better than untrained:"))]
+    assert len(legend) == 3 and "untrained model" in legend[0]

@@ -124,22 +124,26 @@ def _table_rows(text: str, header_start: str) -> list[list[str]]:
 
 def test_main_table_reads_at_a_glance(report: tuple[Path, Path, dict[str, Path]]) -> None:
     """The main table holds the ranking metric only; the others are in their own tables; a
-    hyperparameter at the method's default is not repeated; provenance is stated once per block."""
+    hyperparameter is named where it tells rows apart (a method's headline one even at its default);
+    provenance is stated once per block."""
     _, _, written = report
     block = _block(written["leaderboard_md"].read_text(), "fmnist / iid")
     main = _table_rows(block, "| rank | method |")
     header = main[0]
     assert header[:3] == ["rank", "method", "hyperparameters"] and "fd_fmnist ↓" in header
     assert not any(h.startswith("kid") for h in header)  # a secondary metric, not in the main table
-    assert {"uplink MB", "uplink vs fedavg", "wall time"} <= set(header)
+    assert {"seeds", "uplink vs fedavg", "wall time"} <= set(header) and len(header) <= 10
+    cost = _table_rows(block.split("### Communication and time", 1)[1], "| rank | setting |")[0]
+    assert ("uplink MB" in header) != ("uplink MB" in cost)  # in the main table where it has room, else in the costs
     rows = {r[1]: dict(zip(header, r)) for r in main[1:]}
-    # random_prune's keep_ratio=0.5 is its default: not shown; scope is not one of its hyperparameters: shown
-    assert rows["random_prune"]["hyperparameters"] == "scope=layer"
+    # random_prune's keep_ratio=0.5 is its default but its headline (Method.headline_params): shown;
+    # scope is not one of its hyperparameters: shown
+    assert rows["random_prune"]["hyperparameters"] == "keep_ratio=0.5, scope=layer"
     assert rows["fedavg"]["fd_fmnist ↓"].startswith("11.83 [")
     secondary = _table_rows(block, "| rank | setting |")
-    assert "kid ↓" in secondary[0] and any(r[1] == "random_prune (scope=layer)" for r in secondary[1:])
+    assert "kid ↓" in secondary[0] and any(r[1] == "random_prune (keep_ratio=0.5, scope=layer)" for r in secondary[1:])
     # the first sentence says who ranks first and with what
-    assert block.strip().splitlines()[0].startswith("**random_prune (scope=layer)** has the best fd_fmnist 11")
+    assert block.strip().splitlines()[0].startswith("**random_prune (keep_ratio=0.5, scope=layer)** has the best fd_fmnist 11")
     assert block.count("extractor=fmnist_cnn") == 1  # fd_fmnist's provenance, once for the block
 
 

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, float] | None = None, *,
-                 reference: str = "fedavg", margin: float | None = None, claims: str | Path | None = None) -> dict[str, Path]:
+                 reference: str | None = None, margin: float | None = None, claims: str | Path | None = None) -> dict[str, Path]:
     """Read every run under ``runs_dir`` and write the leaderboard, plots and mosaics to ``out_dir``.
 
     Returns the written files by name: ``leaderboard_md``, ``leaderboard_csv``,
@@ -59,7 +59,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     ``skipped`` (a text file listing every plot or mosaic that was skipped and why)
     when anything was skipped. `target` (metric, value): the leaderboard gives each setting's
     simulated time to first reach that quality on its curve (eval.every). `reference`, `margin`: the
-    setting every other one is compared with seed-paired, and the equivalence margin (verdicts.py).
+    setting every other one is compared with seed-paired (None: the method that declares itself the
+    reference, FedAvg), and the equivalence margin (verdicts.py).
     Also ``runs_csv`` (runs.csv: one row per run, its scores and pairing records: what the verdicts and
     claims are computed from) and, with a `claims` file, ``claims_md`` / ``claims_csv`` (claims.py),
     quoted into ``out_dir``/README.md where it has the claims block.

@@ -90,7 +90,9 @@ def interval_sentence(block: pd.DataFrame, primary: str | None, verdicts: bool =
     """What the intervals in a block are and how ties are ranked (the leaderboard's own words)."""
     by_kind: dict[str, list[str]] = {}  # interval kind -> the metrics that carry it
     for col in sorted(c for c in block.columns if c.endswith("_ci_method")):
-        for kind in sorted({str(k) for k in block[col].dropna()}):
+        # "across 16 seeds" and "across 3 seeds" are one kind: each setting's own count is in the table
+        kinds = {re.sub(r"across \d+ seeds", "across a setting's seeds", str(k)) for k in block[col].dropna()}
+        for kind in sorted(kinds):
             by_kind.setdefault(kind, []).append(col[: -len("_ci_method")])
     if not by_kind:
         return "No intervals recorded: ranks follow the values alone."

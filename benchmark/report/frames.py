@@ -27,7 +27,7 @@ from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts
 from dfbench.benchmark.report.names import _present as present
-from dfbench.benchmark.report.names import CONFIG_DEFAULTS, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
+from dfbench.benchmark.report.names import CONFIG_DEFAULTS, reference_method, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_records import (
     RunFailure,
     RunRecord,
@@ -333,11 +333,11 @@ def primary_metric(metric_names: Iterable[str]) -> str | None:
     return fds[0] if fds else None
 
 
-def aggregate(runs: pd.DataFrame, metrics: Sequence[str], *, reference: str = "fedavg",
+def aggregate(runs: pd.DataFrame, metrics: Sequence[str], *, reference: str | None = None,
               margin: float = verdicts.MARGIN) -> pd.DataFrame:
     """One row per setting (config minus seed/run_id): seeds as mean, std (ddof=1) and count n; per
-    dataset/partition block the paired verdicts against `reference` within +-`margin` and the ranks
-    (benchmark/report/verdicts.py)."""
+    dataset/partition block the paired verdicts against `reference` (None: the method that declares itself
+    the reference, `names.reference_method`) within +-`margin` and the ranks (benchmark/report/verdicts.py)."""
     rows: list[dict[str, Any]] = []
     if runs.empty:
         return pd.DataFrame()
@@ -470,9 +470,12 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
 
 
 def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.DataFrame | None = None, *,
-                       reference: str = "fedavg", margin: float = verdicts.MARGIN) -> pd.DataFrame:
-    """Per dataset/partition block: primary metric, paired verdicts against `reference`, ranks with their
-    bootstrap intervals (verdicts.block_verdicts) and the uplink ratio vs fedavg."""
+                       reference: str | None = None, margin: float = verdicts.MARGIN) -> pd.DataFrame:
+    """Per dataset/partition block: primary metric, paired verdicts against `reference` (None: the reference
+    method), ranks with their bootstrap intervals (verdicts.block_verdicts) and the uplink ratio vs the
+    reference method (`names.reference_method`, FedAvg)."""
+    plain = reference_method()
+    reference = plain if reference is None else reference
     table = table.copy()
     table["primary_metric"] = None
     for col, default in verdicts.COLUMNS.items():
@@ -496,17 +499,17 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
             for idx, row in block.iterrows():
                 for col, value in found.get(str(row["group_key"]), {}).items():
                     table.at[idx, col] = setting_of.get(value, value) if col == "reference" else value
-        fedavg = block[(block["method"] == "fedavg") & ~block["baseline"]]
+        plain_rows = block[(block["method"] == plain) & ~block["baseline"]]  # the reference method's trained settings
         for idx, row in block.iterrows():
-            if row["baseline"] or fedavg.empty or not row["uplink_mb_mean"] > 0:
+            if row["baseline"] or plain_rows.empty or not row["uplink_mb_mean"] > 0:
                 continue
-            same = fedavg[fedavg["budget_key"] == row["budget_key"]]
+            same = plain_rows[plain_rows["budget_key"] == row["budget_key"]]
             if len(same) and same["uplink_mb_mean"].notna().any():
                 table.loc[idx, "compression_ratio"] = float(same["uplink_mb_mean"].mean()) / row["uplink_mb_mean"]
                 table.loc[idx, "compression_ref"] = "same budget"
-            elif row["uploads_mean"] > 0 and (fedavg["uploads_mean"] > 0).any():
+            elif row["uploads_mean"] > 0 and (plain_rows["uploads_mean"] > 0).any():
                 # Different budgets: compare bits per client upload instead of totals.
-                ref = fedavg[fedavg["uploads_mean"] > 0]
+                ref = plain_rows[plain_rows["uploads_mean"] > 0]
                 per_upload = float((ref["uplink_mb_mean"] / ref["uploads_mean"]).mean())
                 table.loc[idx, "compression_ratio"] = per_upload / (row["uplink_mb_mean"] / row["uploads_mean"])
                 table.loc[idx, "compression_ref"] = "per upload"
@@ -604,14 +607,14 @@ class ReportData:
     target: tuple[str, float] | None = None  # --target: the quality whose time to reach the table reports
 
 
-def collect(runs_dir: str | Path, target: tuple[str, float] | None = None, *, reference: str = "fedavg",
+def collect(runs_dir: str | Path, target: tuple[str, float] | None = None, *, reference: str | None = None,
             margin: float = verdicts.MARGIN) -> ReportData:
     """Read all runs under ``runs_dir`` and build the per-run and per-setting tables.
 
     `target` (metric, value): each run's simulated time to first reach that quality on its
     curve (`time_to_target`), averaged over the seeds that reach it (and how many do).
-    `reference`, `margin`: what every setting is compared with, seed-paired, and the equivalence margin
-    (a fraction of the reference's score; verdicts.py)."""
+    `reference`, `margin`: what every setting is compared with, seed-paired (None: the reference method,
+    `names.reference_method`), and the equivalence margin (a fraction of the reference's score; verdicts.py)."""
     records, failures = load_runs(runs_dir)
     runs, evals, rounds = runs_frame(records)
     curves = curve_frame(records, runs)

@@ -8,12 +8,15 @@ each metric was computed, notes), so a report can be re-rendered from a committe
 Per dataset/partition block (a "setting" is a method with its hyperparameters and config):
 
 - a one-sentence headline: who ranks first, by how much, who ties;
-- the main table: rank, method, the hyperparameters that differ from the method's defaults
-  (or vary between its settings in the block), config keys that tell settings apart, the
-  primary metric with its interval, uplink and its ratio to fedavg, wall time (and the simulated
-  clock, DP's epsilon, the time to a target where the runs have them);
-- secondary tables: other sample-quality metrics, per-client metrics, leakage, drift and
-  diagnostics, each only where a run recorded them;
+- the main table, at most `MAX_MAIN_COLUMNS` columns: rank, method, what tells the setting apart
+  (the hyperparameters `names.hyperparameters` names and the config keys off the block's usual
+  value), the primary metric with its interval, the paired verdict against the reference, flags,
+  seeds, then as many of the costs as fit (DP's epsilon, the time to a target, uplink against the
+  reference method, wall time, the simulated clock, uplink MB); under it a one-line legend per flag
+  and mark it uses, and the rules it was ranked by;
+- secondary tables: other sample-quality metrics, per-client metrics, leakage, communication and
+  time (the costs the main table had no room for), drift and diagnostics, each only where a run
+  recorded them; the run folders of each setting (linked from the HTML page);
 - how each metric was computed, once per block (metrics with the same provenance on one line),
   and the config every setting shares.
 """
@@ -35,8 +38,9 @@ from dfbench.benchmark.report.formatting import (
     _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
     interval_sentence, rank_text, safe_name,
 )
-from dfbench.benchmark.report.names import hyperparameters, is_baseline, setting_names, shown as _shown
-from dfbench.benchmark.report.names import varying_config
+from dfbench.benchmark.report.names import hyperparameters, is_baseline, reference_method, setting_names, setting_parts
+from dfbench.benchmark.report.names import shown as _shown
+from dfbench.benchmark.report.names import usual_config, varying_config
 from dfbench.benchmark.report.run_records import to_float
 
 META_FILE = "report.json"
@@ -83,7 +87,6 @@ class Table:
     rows: list[list[str]]
     sort_keys: list[list[Any]]  # per cell: a number (sorted numerically) or a string; None sorts last
     note: str | None = None
-    links: list[list[tuple[str, str]]] = field(default_factory=list)  # per row: (label, run folder href)
     numeric: list[bool] = field(default_factory=list)  # per column: right-aligned numbers
 
 
@@ -94,14 +97,15 @@ class Section:
     title: str
     anchor: str
     headline: str
-    ranking: str
-    intervals: str
     main: Table
+    legend: list[str]  # short lines under the main table: what its flags, marks and unnamed config mean
+    rules: str  # how the ranks, intervals and verdicts are computed (the HTML page folds it)
     secondary: list[Table]
     provenance: list[str]
     not_computed: list[str]
     shared: dict[str, str]
     mosaic: str | None  # image key
+    runs: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)  # (setting, [(seed label, run folder href)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +152,17 @@ def _rank_cell(row: pd.Series) -> tuple[str, float | None]:
     return rank_text(row), float(row["rank"])
 
 
+def one_seed(row: Mapping[str, Any]) -> bool:
+    """An inconclusive contrast on a single paired seed: no spread, so nothing was tested (the CSV's
+    verdict stays "inconclusive"; the page says "not tested")."""
+    return row.get("verdict") == "inconclusive" and to_float(row.get("paired_seeds")) == 1
+
+
 def verdict_text(row: Mapping[str, Any]) -> str:
     """The main table's paired-verdict cell: "worse ×1.52 [1.21, 1.91]" (a ratio for a positive metric,
-    else a difference), "inconclusive … · 9 seeds to decide", "reference", or why there is none."""
+    else a difference), "inconclusive … · 9 seeds to decide", "×0.97 (1 seed: not tested)" (one pair has
+    no spread to test), "reference", or why there is none. The seeds paired are named only where they are
+    fewer than the setting's own."""
     verdict = row.get("verdict")
     if not isinstance(verdict, str) or not verdict:
         return ""
@@ -161,20 +173,23 @@ def verdict_text(row: Mapping[str, Any]) -> str:
     est, low, high = (to_float(row.get(k)) for k in ("estimate", "estimate_low", "estimate_high"))
     primary = row.get("primary_metric")
     ratio = isinstance(primary, str) and metric_table.scale(primary) == "log"
-    text = verdict
-    if not math.isnan(est):
-        text += f" ×{fmt_number(est, 3)}" if ratio else f" {est:+.3g}"
-        if not (math.isnan(low) or math.isnan(high)):
-            text += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]" if ratio else f" [{low:+.3g}, {high:+.3g}]"
     n = to_float(row.get("paired_seeds"))
-    if not math.isnan(n):
-        text += f", {int(n)} seed{'s' if n != 1 else ''}"
+    value = ""
+    if not math.isnan(est):
+        value = f"×{fmt_number(est, 3)}" if ratio else f"{est:+.3g}"
+        if not (math.isnan(low) or math.isnan(high)):
+            value += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]" if ratio else f" [{low:+.3g}, {high:+.3g}]"
+    if one_seed(row):
+        return f"{value} (1 seed: not tested)".strip()
+    text = f"{verdict} {value}".strip()
+    if not math.isnan(n) and n != to_float(row.get("n")):
+        text += f", {int(n)} paired seed{'s' if n != 1 else ''}"
     if verdict == "inconclusive":
         need = to_float(row.get("seeds_to_decide"))
         note = row.get("verdict_note")
         if not math.isnan(need):
             text += f" · {int(need)} seeds to decide"
-        elif isinstance(note, str) and note and not n == 1:
+        elif isinstance(note, str) and note:
             text += f" · {note}"
     return text
 
@@ -191,9 +206,23 @@ def flags_text(row: Mapping[str, Any]) -> str:
     return "; ".join(out)
 
 
-def _method_cell(row: pd.Series) -> str:
-    baseline = str(row["baseline"]).lower() == "true"
-    return f"untrained ({row['method']})" if baseline else str(row["method"])
+def flag_legend(block: pd.DataFrame, primary: str, reference: str) -> list[str]:
+    """One line for each flag the block's main table uses, with the rule that raised it (verdicts.py)."""
+    texts = [flags_text(r) for _, r in block.iterrows()]
+    ratio = metric_table.scale(primary) == "log"
+    nearer = (f"by ratio: |log(score / untrained)| < |log(score / {reference})|" if ratio
+              else f"|score − untrained| < |score − {reference}|")
+    out = []
+    if any("collapsed" in t for t in texts):
+        out.append(f"collapsed k/n: on k of the n seeds it shares with {reference} and the untrained model, its "
+                   f"{primary} lies nearer the untrained model's than {reference}'s at that seed ({nearer}).")
+    if any("(unstable)" in t for t in texts):
+        out.append("unstable: some of its seeds collapsed and others did not.")
+    if any("not better than untrained" in t for t in texts):
+        out.append(f"not better than untrained: the one-sided paired t-test over seeds (Holm-corrected) does not "
+                   f"show its {primary} better than the untrained model's (one seed: the two runs' own intervals "
+                   "overlap); it ranks after every setting that is.")
+    return out
 
 
 _is_baseline = is_baseline
@@ -250,13 +279,15 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         text = (f"**{name}** has the best {score}, but first place is not settled: it ranks {int(low)}–{int(high)} "
                 "across seed resamples" + (f", and {_join(also)} can rank first too." if also else "."))
     verdict = block["verdict"].astype(str)
-    counts = {v: int((verdict == v).sum()) for v in ("better", "worse", "equivalent", "inconclusive", "unpaired")}
+    untested = block.apply(one_seed, axis=1).astype(bool) if len(block) else verdict.eq("")
+    counts = {v: int(((verdict == v) & ~untested).sum()) for v in ("better", "worse", "equivalent", "inconclusive", "unpaired")}
+    counts["not tested (one seed: no spread to test)"] = int(untested.sum())
     if sum(counts.values()):
         margin = to_float(block["margin"].dropna().iloc[0]) if block["margin"].notna().any() else math.nan
         within = f", equivalent within ±{margin:.0%}" if not math.isnan(margin) else ""
         parts = [f"{n} {v}" for v, n in counts.items() if n]
-        text += (f" Against {_reference_label(block, labels)}, paired by seed (Holm-corrected{within}): "
-                 f"{', '.join(parts)}.")
+        tested = f" (Holm-corrected{within})" if untested.sum() < sum(counts.values()) else ""
+        text += f" Against {_reference_label(block, labels)}, paired by seed{tested}: {', '.join(parts)}."
         if _references(block).nunique() > 1:
             text += (" A setting is compared with the reference setting of its own budget where the block has one "
                      "(named in the paired column), else with the main one.")
@@ -315,6 +346,17 @@ def _provenance_lines(prov: Mapping[str, str], metrics: Sequence[str]) -> list[s
     return [f"{', '.join(ms)}: {how}" for how, ms in grouped.items()]
 
 
+MAX_MAIN_COLUMNS = 10  # a newcomer reads the main table at a glance; the rest goes to the secondary tables
+
+
+@dataclass
+class _Column:
+    header: str
+    cells: list[str]
+    keys: list[Any]
+    numeric: bool = True
+
+
 def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence[str], meta: PageMeta,
             images: Mapping[str, Any]) -> Section:
     primary = block["primary_metric"].iloc[0] if "primary_metric" in block else None
@@ -323,75 +365,105 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     params = hyperparameters(block)
     shown_cfg, shared = _varying_config(block)
     labels = setting_labels(block, params, shown_cfg)
+    parts = setting_parts(block, params, shown_cfg)
     target = tuple(meta.target) if meta.target else None
+    plain = reference_method()  # the method the uplink column compares with (Method.reference)
 
     def has(col: str) -> bool:
         return col in block and pd.to_numeric(block[col], errors="coerce").notna().any()
 
-    sim, eps = has("sim_seconds_mean"), has("epsilon_mean")
-    reach = target is not None and "time_to_target_mean" in block
-    headers = ["rank", "method", "hyperparameters", *[c[4:] for c in shown_cfg]]
+    rows = list(block.iterrows())
+
+    def column(header: str, cell: Any, key: Any, numeric: bool = True) -> _Column:
+        return _Column(header, [cell(r) for _, r in rows], [key(r) for _, r in rows], numeric)
+
     verdicts_shown = primary is not None and "verdict" in block and block["verdict"].astype(str).isin(
         ["better", "worse", "equivalent", "inconclusive", "unpaired"]).any()
     flags_shown = primary is not None and block.apply(lambda r: bool(flags_text(r)), axis=1).any()
-    if primary:
-        headers.append(_arrow(primary))
     reference_label = _reference_label(block, labels)
+
+    # -- the main table: what names and scores a setting, then the costs in order of priority while they fit
+    told = [", ".join(parts[i][1]) for i, _ in rows]
+    lead = [_Column("rank", [_rank_cell(r)[0] for _, r in rows], [_rank_cell(r)[1] for _, r in rows]),
+            _Column("method", [parts[i][0] for i, _ in rows], [parts[i][0] for i, _ in rows], False)]
+    if any(told):
+        lead.append(_Column("hyperparameters and config" if shown_cfg else "hyperparameters", told, told, False))
+    if primary:
+        lead.append(column(_arrow(primary), lambda r: fmt_metric(r, primary, int(r["n"])), lambda r: _metric_key(r, primary)))
     if verdicts_shown:
-        headers.append(f"vs {reference_label} (paired)")
-    if flags_shown:
-        headers.append("flags")
-    headers += ["n", "uplink MB", "uplink vs fedavg", "wall time"]
-    headers += (["sim time"] if sim else []) + (["ε (DP)"] if eps else [])
-    if reach:
-        headers.append(f"sim time to {target[0]} {'≥' if _higher(str(target[0])) else '≤'} {to_float(target[1]):g}")
-    rows, keys, links = [], [], []
-    for idx, row in block.iterrows():
-        rank, rank_key = _rank_cell(row)
-        ratio = to_float(row.get("compression_ratio"))
-        compression = _ratio_cell(ratio) + ("*" if not math.isnan(ratio) and row.get("compression_ref") == "per upload" else "")
-        cells = [rank, _method_cell(row), params[idx], *[_shown(row[c]) for c in shown_cfg]]
-        sk: list[Any] = [rank_key, _method_cell(row), params[idx], *[_number_key(row[c]) if _number_key(row[c]) is not None else _shown(row[c]) for c in shown_cfg]]
-        if primary:
-            cells.append(fmt_metric(row, primary, int(row["n"])))
-            sk.append(_metric_key(row, primary))
-        if verdicts_shown:
-            text = verdict_text(row)
-            own = str(row.get("reference"))
-            if text and row.get("verdict") != "reference" and own in labels.values() and own != reference_label:
+        def verdict_cell(r: pd.Series) -> str:
+            text = verdict_text(r)
+            own = str(r.get("reference"))
+            if text and r.get("verdict") != "reference" and own in labels.values() and own != reference_label:
                 text += f" (vs {own})"  # compared with the reference setting of its own budget
-            cells.append(text)
-            sk.append(text)
-        if flags_shown:
-            cells.append(flags_text(row))
-            sk.append(flags_text(row))
-        cells += [str(int(row["n"])), fmt_number(row.get("uplink_mb_mean")), compression, _fmt_seconds(row.get("wall_seconds_mean"))]
-        sk += [int(row["n"]), _number_key(row.get("uplink_mb_mean")), None if math.isnan(ratio) else ratio, _number_key(row.get("wall_seconds_mean"))]
-        if sim:
-            cells.append(_fmt_seconds(row.get("sim_seconds_mean")))
-            sk.append(_number_key(row.get("sim_seconds_mean")))
-        if eps:
-            e = to_float(row.get("epsilon_mean"))
-            cells.append("∞" if math.isnan(e) else fmt_number(e))
-            sk.append(math.inf if math.isnan(e) else e)
-        if reach:
-            cells.append(_fmt_reach(row))
-            sk.append(_number_key(row.get("time_to_target_mean")))
-        rows.append(cells)
-        keys.append(sk)
-        links.append(_run_links(row, meta.runs_dir))
-    numeric = [h not in ("method", "hyperparameters") and not h in [c[4:] for c in shown_cfg] for h in headers]
-    main = Table(None, headers, rows, keys, links=links, numeric=numeric)
+            return text
+        lead.append(column(f"vs {reference_label} (paired)", verdict_cell, verdict_cell, False))
+    if flags_shown:
+        lead.append(column("flags", flags_text, flags_text, False))
+    lead.append(column("seeds", lambda r: str(int(r["n"])), lambda r: int(r["n"])))
+
+    def compression(r: pd.Series) -> str:
+        ratio = to_float(r.get("compression_ratio"))
+        return _ratio_cell(ratio) + ("*" if not math.isnan(ratio) and r.get("compression_ref") == "per upload" else "")
+
+    def epsilon(r: pd.Series) -> str:
+        e = to_float(r.get("epsilon_mean"))
+        return "∞" if math.isnan(e) else fmt_number(e)
+
+    costs: list[_Column] = []  # in order of priority
+    if has("epsilon_mean"):
+        costs.append(column("ε (DP)", epsilon, lambda r: math.inf if math.isnan(to_float(r.get("epsilon_mean"))) else to_float(r.get("epsilon_mean"))))
+    if target is not None and "time_to_target_mean" in block:
+        costs.append(column(f"sim time to {target[0]} {'≥' if _higher(str(target[0])) else '≤'} {to_float(target[1]):g}",
+                            _fmt_reach, lambda r: _number_key(r.get("time_to_target_mean"))))
+    costs.append(column(f"uplink vs {plain}", compression,
+                        lambda r: None if math.isnan(to_float(r.get("compression_ratio"))) else to_float(r.get("compression_ratio"))))
+    costs.append(column("wall time", lambda r: _fmt_seconds(r.get("wall_seconds_mean")), lambda r: _number_key(r.get("wall_seconds_mean"))))
+    if has("sim_seconds_mean"):
+        costs.append(column("sim time", lambda r: _fmt_seconds(r.get("sim_seconds_mean")), lambda r: _number_key(r.get("sim_seconds_mean"))))
+    costs.append(column("uplink MB", lambda r: fmt_number(r.get("uplink_mb_mean")), lambda r: _number_key(r.get("uplink_mb_mean"))))
+    room = max(0, MAX_MAIN_COLUMNS - len(lead))
+    fits, rest = costs[:room], costs[room:]
+    page_order = ["uplink MB", f"uplink vs {plain}", "wall time", "sim time", "ε (DP)"]  # the costs as the page lists them
+    fits.sort(key=lambda c: page_order.index(c.header) if c.header in page_order else len(page_order))
+    chosen = lead + fits
+    main = Table(None, [c.header for c in chosen], [list(r) for r in zip(*[c.cells for c in chosen])] if rows else [],
+                 [list(k) for k in zip(*[c.keys for c in chosen])] if rows else [], numeric=[c.numeric for c in chosen])
+
+    # -- under it: a line per flag and mark the table uses, and the block's usual config
+    legend: list[str] = []
+    if verdicts_shown:
+        margin = to_float(block["margin"].dropna().iloc[0]) if "margin" in block and block["margin"].notna().any() else math.nan
+        scale = "ratio" if primary and metric_table.scale(primary) == "log" else "difference"
+        legend.append(f"vs {reference_label}: the {scale} of the {primary} scores on the seeds both ran [95% paired interval]; "
+                      "better / worse / equivalent" + (f" (within ±{margin:.0%})" if not math.isnan(margin) else "")
+                      + " by Holm-corrected paired tests, else inconclusive; one seed: not tested (no spread to test).")
+    if primary:
+        legend += flag_legend(block, primary, reference_label)
+    if any(c.header == f"uplink vs {plain}" for c in fits):
+        star = any(t.endswith("*") for t in costs[[c.header for c in costs].index(f"uplink vs {plain}")].cells)
+        legend.append(f"uplink vs {plain}: how many times less (or more) uplink than {plain} in this block"
+                      + (f" (*: {plain} ran another budget, compared per client upload)." if star else "."))
+    if shown_cfg:
+        usual = usual_config(block, shown_cfg)
+        legend.append("A setting's name gives its config only where it differs from the block's usual "
+                      f"{', '.join(f'{k}={v}' for k, v in usual.items())}.")
 
     secondary = []
     for title, kinds in SECONDARY:
         cols = [m for m in present if m != primary and _kind(m) in kinds]
         if cols:
             secondary.append(_metric_table(title, block, labels, cols))
+    spent = [c for c in rest]
+    if has("downlink_mb_mean") and pd.to_numeric(block["downlink_mb_mean"], errors="coerce").fillna(0).ne(0).any():
+        spent.append(column("downlink MB", lambda r: fmt_number(r.get("downlink_mb_mean")), lambda r: _number_key(r.get("downlink_mb_mean"))))
+    if spent:
+        secondary.append(_columns_table("Communication and time", block, labels, spent,
+                                        "means over seeds; the costs the main table has no room for."))
     diag = [(c, h) for c, h, _ in DIAGNOSTICS if has(c) and pd.to_numeric(block[c], errors="coerce").fillna(0).ne(0).any()]
     if diag:
         secondary.append(_plain_table("Drift and diagnostics", block, labels, diag,
-                                      "drift: distance of the final model's samples from fedavg's on the same noise; "
+                                      f"drift: distance of the final model's samples from {plain}'s on the same noise; "
                                       "γ*, W2: the bound terms of the pruning study; means over seeds."))
 
     agreed = meta.agreement.get(block_title(dataset, partition))
@@ -402,16 +474,15 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
 
     prov = meta.provenance.get(block_title(dataset, partition), {})
     name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
+    rules = ((f"Ranked by {primary}. " if primary else "")
+             + (interval_sentence(block, primary, verdicts="rank_low" in block) if primary else ""))
     return Section(
         dataset=dataset, partition=partition, title=block_title(dataset, partition), anchor=safe_name(f"{dataset}-{partition}"),
-        headline=_headline(block, primary, labels) + suffix,
-        ranking=(f"Ranked by {primary} (rule below). " if primary else "") +
-                "Uplink vs fedavg: how many times less (or more) uplink than fedavg in this block (`*`: fedavg ran "
-                "another budget, compared per client upload).",
-        intervals=interval_sentence(block, primary, verdicts="rank_low" in block) if primary else "",
-        main=main, secondary=secondary, provenance=_provenance_lines(prov, present),
+        headline=_headline(block, primary, labels) + suffix, main=main, legend=legend, rules=rules.strip(),
+        secondary=secondary, provenance=_provenance_lines(prov, present),
         not_computed=block_notes(block) if "evaluation_notes" in block else [],
         shared=shared, mosaic=name if name in images else None,
+        runs=[(labels[i], links) for i, r in rows if (links := _run_links(r, meta.runs_dir))],
     )
 
 
@@ -519,6 +590,18 @@ def _plain_table(title: str, block: pd.DataFrame, labels: Mapping[int, str], col
         rows.append([rank, labels[idx], *[fmt_number(row[c]) for c, _ in cols]])
         keys.append([rank_key, labels[idx], *[_number_key(row[c]) for c, _ in cols]])
     return Table(title, headers, rows, keys, note=note, numeric=[True, False, *[True] * len(cols)])
+
+
+def _columns_table(title: str, block: pd.DataFrame, labels: Mapping[int, str], cols: Sequence[_Column],
+                   note: str | None = None) -> Table:
+    """A secondary table of ready-made columns (the costs the main table had no room for)."""
+    rows, keys = [], []
+    for j, (idx, row) in enumerate(block.iterrows()):
+        rank, rank_key = _rank_cell(row)
+        rows.append([rank, labels[idx], *[c.cells[j] for c in cols]])
+        keys.append([rank_key, labels[idx], *[c.keys[j] for c in cols]])
+    return Table(title, ["rank", "setting", *[c.header for c in cols]], rows, keys, note=note,
+                 numeric=[True, False, *[c.numeric for c in cols]])
 
 
 def sections(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, images: Mapping[str, Any]) -> list[Section]:

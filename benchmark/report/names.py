@@ -3,8 +3,9 @@
 `setting_names(frame)` works on any frame with one row per run or per setting (the run table,
 the aggregated table, a leaderboard.csv read back): per dataset/partition block, a setting is
 named by its method ("untrained (method)" for a baseline), the hyperparameters worth reading
-(those off the method's defaults, and those that vary between the block's settings of the
-method) and the config keys where it differs from the block's usual value, each under the short
+(those off the method's defaults, those that vary between the block's settings of the method or
+between methods that share the name, and the ones the method declares a headline, e.g. pruning's
+keep_ratio) and the config keys where it differs from the block's usual value, each under the short
 label its field declares (core/schema.py), e.g. "fedavg", "fedavg (clip=2, noise=0.1)",
 "random_prune (keep_ratio=0.25, capacity=1.0:0.5,0.5:0.5)". The block's usual setting reads as
 just its method.
@@ -38,6 +39,28 @@ def _method_defaults(method: str) -> dict[str, Any] | None:
         return None
 
 
+def headline_params(method: str) -> tuple[str, ...]:
+    """The hyperparameters a method declares worth naming in every row (`Method.headline_params`),
+    () for a method not registered here."""
+    from dfbench.methods.registry import get_method_class
+
+    try:
+        return tuple(get_method_class(method).headline_params)
+    except KeyError:
+        return ()
+
+
+def reference_method() -> str:
+    """The registered method that declares itself the default reference (`Method.reference`: FedAvg),
+    what a report compares every setting with when told no other."""
+    from dfbench.methods.registry import get_method_class, list_methods
+
+    found = [m for m in list_methods() if vars(get_method_class(m)).get("reference") is True]
+    if len(found) != 1:
+        raise RuntimeError(f"exactly one registered method must declare reference = True, found {found or 'none'}")
+    return found[0]
+
+
 def same(a: Any, b: Any) -> bool:
     """Equal as config values, whichever way the CSV read them back (0.5 vs "0.5", True vs "True")."""
     if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
@@ -66,14 +89,23 @@ def is_baseline(row: pd.Series) -> bool:
 
 
 def hyperparameters(block: pd.DataFrame) -> dict[Hashable, str]:
-    """Row index -> the hyperparameters worth reading: those that differ from the method's default,
-    plus those that vary between the block's settings of the same method."""
+    """Row index -> the hyperparameters worth reading: every one that tells two rows apart or sets the
+    method's operating point. A value is named when it differs from the method's default, varies between
+    the block's settings of the method, differs between methods that share the name (pruning's
+    `inference`), or is one the method declares a headline (`Method.headline_params`, e.g. keep_ratio:
+    a method's knob that the reference lacks is named even at its default). In the columns' order."""
     cols = [c for c in block.columns if c.startswith("param.")]
     if "method" not in block:
         return {idx: "" for idx in block.index}
+    trained = block[~block.apply(is_baseline, axis=1)] if len(block) else block
+    # a name several methods share, at different values among the trained settings
+    across = {c for c in cols
+              if trained.loc[trained[c].map(_present), "method"].nunique() > 1
+              and trained.loc[trained[c].map(_present), c].map(shown).nunique() > 1}
     out: dict[Hashable, str] = {}
     for method, rows in block.groupby("method", sort=False):
         defaults = _method_defaults(str(method))
+        headline = [f"param.{n}" for n in headline_params(str(method))]
         used = [c for c in cols if rows[c].map(_present).any()]
         varying = {c for c in used if rows[c].astype(str).nunique(dropna=False) > 1}
         for idx, row in rows.iterrows():
@@ -83,7 +115,8 @@ def hyperparameters(block: pd.DataFrame) -> dict[Hashable, str]:
                 if not _present(value):
                     continue
                 default = None if defaults is None else defaults.get(name, dataclasses.MISSING)
-                if c in varying or defaults is None or default is dataclasses.MISSING or not same(value, default):
+                if (c in varying or c in across or c in headline or defaults is None
+                        or default is dataclasses.MISSING or not same(value, default)):
                     parts.append(f"{name}={shown(value)}")
             out[idx] = ", ".join(parts)
     return out
@@ -134,13 +167,15 @@ def _base(row: pd.Series) -> str:
     return f"untrained ({method})" if is_baseline(row) and "method" in row else method
 
 
-def setting_names(frame: pd.DataFrame, params: Mapping[Hashable, str] | None = None,
-                  shown_cfg: Sequence[str] | None = None) -> dict[Hashable, str]:
-    """Row index -> the setting's human name (see the module doc), each named within its
-    dataset/partition block. `params` (row -> hyperparameter text) and `shown_cfg` (the cfg.* columns
-    that may be named) override what `hyperparameters` and `varying_config` would find: a caller that
-    already computed them for one block passes them in."""
-    out: dict[Hashable, str] = {}
+def setting_parts(frame: pd.DataFrame, params: Mapping[Hashable, str] | None = None,
+                  shown_cfg: Sequence[str] | None = None) -> dict[Hashable, tuple[str, list[str]]]:
+    """Row index -> (the setting's base name, what tells it apart): the method ("untrained (method)" for a
+    baseline) and, as `name=value` texts, its hyperparameters worth reading, then the config keys where it
+    differs from its block's usual value. `setting_names` joins them; the main table shows them in two
+    columns. `params` (row -> hyperparameter text) and `shown_cfg` (the cfg.* columns that may be named)
+    override what `hyperparameters` and `varying_config` would find: a caller that already computed them
+    for one block passes them in."""
+    out: dict[Hashable, tuple[str, list[str]]] = {}
     if frame.empty:
         return out
     keys = [k for k in ("dataset", "partition") if k in frame]
@@ -152,8 +187,22 @@ def setting_names(frame: pd.DataFrame, params: Mapping[Hashable, str] | None = N
         for idx, row in block.iterrows():
             extra = [text[idx]] if text.get(idx) else []
             extra += [f"{label[c]}={shown(row[c]) or 'none'}" for c in cols if shown(row[c]) != common[c]]
-            out[idx] = _base(row) + (f" ({', '.join(extra)})" if extra else "")
+            out[idx] = (_base(row), extra)
     return out
+
+
+def usual_config(block: pd.DataFrame, shown_cfg: Sequence[str]) -> dict[str, str]:
+    """The block's usual value of each config key that tells its settings apart (label -> value): what a
+    setting whose name does not mention the key ran with."""
+    return {config_label(c): usual(block, c) or "none" for c in shown_cfg}
+
+
+def setting_names(frame: pd.DataFrame, params: Mapping[Hashable, str] | None = None,
+                  shown_cfg: Sequence[str] | None = None) -> dict[Hashable, str]:
+    """Row index -> the setting's human name (see the module doc and `setting_parts`), each named within
+    its dataset/partition block."""
+    return {idx: base + (f" ({', '.join(extra)})" if extra else "")
+            for idx, (base, extra) in setting_parts(frame, params, shown_cfg).items()}
 
 
 def run_names(runs: pd.DataFrame) -> dict[str, str]:

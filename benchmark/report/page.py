@@ -1,11 +1,13 @@
 """The self-contained HTML report (``leaderboard.html``), written beside leaderboard.md.
 
 One file, no external assets: CSS and a few lines of JavaScript inline, every mosaic and plot
-as a base64 data URI. It reads offline in any browser and on a phone-sized screen (tables
-scroll sideways inside their box; images shrink to the width). Every table sorts by a click
-on its header (numbers numerically, by the value behind the cell, e.g. a metric's mean;
-empty cells last; a second click reverses). The main table links each setting's run folders
-(relative links: they resolve where the report sits beside its runs, e.g. results/demo/runs).
+as a base64 data URI. It reads offline in any browser, uses the window's width and reads on a
+phone-sized screen (a table row is one line: tables scroll sideways inside their box; images
+shrink to the width; running text keeps a readable measure). Every table sorts by a click on
+its header (numbers numerically, by the value behind the cell, e.g. a metric's mean; empty
+cells last; a second click reverses). Under each block's main table, a folded list links each
+setting's run folders (relative links: they resolve where the report sits beside its runs, e.g.
+results/demo/reference/runs), and the rules the table was ranked by are folded under a summary.
 Same content and order as leaderboard.md (``layout``).
 """
 
@@ -25,15 +27,17 @@ from dfbench.benchmark.report.layout import PageMeta, Section, Table, failures_t
 
 _CSS = """
 *{box-sizing:border-box}
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;padding:1em;color:#1d1d1f;
-max-width:1300px;line-height:1.45;font-size:15px}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:1em 1.5em;color:#1d1d1f;
+line-height:1.45;font-size:15px}
+p,ul.note,.legend{max-width:120ch}
 h1{font-size:1.6em;margin:.3em 0}h2{font-size:1.3em;margin-top:2em;border-bottom:2px solid #e4e4e7;padding-bottom:.2em}
 h3{font-size:1.05em;margin:1.4em 0 .3em}
 nav{background:#f6f6f7;border:1px solid #e4e4e7;border-radius:6px;padding:.5em .8em;font-size:14px}
 nav a{margin-right:1em;white-space:nowrap;display:inline-block}
-.scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;margin:.6em 0;border:1px solid #e4e4e7;border-radius:6px}
-table{border-collapse:collapse;font-size:13.5px;min-width:100%}
-th,td{padding:5px 9px;text-align:left;vertical-align:top;border-bottom:1px solid #ececef}
+.scroll{overflow-x:auto;-webkit-overflow-scrolling:touch;margin:.6em 0;border:1px solid #e4e4e7;border-radius:6px;
+width:fit-content;max-width:100%}.scroll.wide{width:auto}
+table{border-collapse:collapse;font-size:13.5px}table.main{min-width:100%}
+th,td{padding:5px 9px;text-align:left;vertical-align:top;border-bottom:1px solid #ececef;white-space:nowrap}
 th{background:#f3f3f5;position:sticky;top:0;white-space:nowrap}
 table.sortable th{cursor:pointer;user-select:none}
 table.sortable th::after{content:" \\2195";color:#aaa;font-size:.85em}
@@ -43,6 +47,8 @@ tr.baseline td{color:#666;font-style:italic}
 tbody tr:hover td{background:#fafaf0}
 .headline{font-size:1.02em;background:#f0f6ff;border-left:4px solid #3b82f6;padding:.5em .8em;border-radius:4px}
 .note{color:#555;font-size:13px}.bad{color:#a00}
+.legend{margin:.3em 0 .6em;padding-left:1.2em}.legend li{margin:.1em 0}
+details.runs li{margin:.15em 0}details.runs a{margin-right:.5em}
 details{margin:.5em 0}summary{cursor:pointer;color:#333}
 img{max-width:100%;height:auto;border:1px solid #e4e4e7;border-radius:4px;margin:.5em 0}
 figure{margin:1em 0}figcaption{font-size:13px;color:#555}
@@ -102,25 +108,30 @@ def _key_attrs(value: Any) -> str:
     return f' data-k="{esc(str(value))}"'
 
 
-def _table(t: Table, table_id: str, baseline_rows: Sequence[bool] = ()) -> str:
-    links = bool(t.links) and any(t.links)
-    head = "".join(f"<th>{esc(h)}</th>" for h in t.headers) + ("<th>run folders</th>" if links else "")
+def _table(t: Table, table_id: str, baseline_rows: Sequence[bool] = (), main: bool = False) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in t.headers)
     body = []
     for r, (row, keys) in enumerate(zip(t.rows, t.sort_keys)):
         cells = []
         for c, (text, key) in enumerate(zip(row, keys)):
             cls = ' class="num"' if c < len(t.numeric) and t.numeric[c] else ""
             cells.append(f"<td{cls}{_key_attrs(key)}>{esc(text)}</td>")
-        if links:
-            anchors = " ".join(f'<a href="{esc(href)}">{esc(label)}</a>' for label, href in (t.links[r] if r < len(t.links) else []))
-            cells.append(f'<td data-k="">{anchors}</td>')
         cls = ' class="baseline"' if r < len(baseline_rows) and baseline_rows[r] else ""
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
-    out = f'<div class="scroll"><table class="sortable" id="{esc(table_id)}"><thead><tr>{head}</tr></thead>' \
+    kind = "sortable main" if main else "sortable"  # the main table spans the window; the others take their width
+    out = f'<div class="scroll{" wide" if main else ""}"><table class="{kind}" id="{esc(table_id)}"><thead><tr>{head}</tr></thead>' \
           f"<tbody>{''.join(body)}</tbody></table></div>"
     if t.note:
         out += f'<p class="note">{esc(t.note)}</p>'
     return out
+
+
+def _run_folders(s: Section) -> str:
+    """The block's run folders, one line per setting, folded under a summary (the main table stays one line a row)."""
+    n = sum(len(links) for _, links in s.runs)
+    items = "".join(f"<li>{esc(label)}: " + " ".join(f'<a href="{esc(href)}">{esc(seed)}</a>' for seed, href in links) + "</li>"
+                    for label, links in s.runs)
+    return f'<details class="runs"><summary>Run folders ({n} runs)</summary><ul class="note">{items}</ul></details>'
 
 
 def _data_uri(path: Path) -> str:
@@ -130,8 +141,14 @@ def _data_uri(path: Path) -> str:
 def _section(s: Section, images: Mapping[str, Path]) -> str:
     parts = [f'<section id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>', f'<p class="headline">{_bold(s.headline)}</p>']
     baseline = [row[1].startswith("untrained (") for row in s.main.rows]
-    parts.append(_table(s.main, f"{s.anchor}-main", baseline))
-    parts.append(f'<p class="note">{_code(s.ranking)} {_code(s.intervals)}</p>')
+    parts.append(_table(s.main, f"{s.anchor}-main", baseline, main=True))
+    if s.legend:
+        parts.append('<ul class="note legend">' + "".join(f"<li>{_code(line)}</li>" for line in s.legend) + "</ul>")
+    if s.rules:
+        parts.append('<details class="rules"><summary>How the ranks, intervals and verdicts are computed</summary>'
+                     f'<p class="note">{_code(s.rules)}</p></details>')
+    if s.runs:
+        parts.append(_run_folders(s))
     for i, t in enumerate(s.secondary):
         parts.append(f"<h3>{esc(t.title or '')}</h3>")
         parts.append(_table(t, f"{s.anchor}-{i}", [row[1].startswith("untrained (") for row in t.rows]))

@@ -101,7 +101,11 @@ def write_markdown(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, 
         lines += ["Settings: " + " · ".join(f"[{s.title}](#{_md_anchor(s.title)})" for s in secs), ""]
     for s in secs:
         lines += [f"## {s.title}", "", s.headline, "", _md_table(s.main.headers, s.main.rows), ""]
-        lines += [s.ranking + (" " + s.intervals if s.intervals else ""), ""]
+        if s.legend:
+            lines += [f"- {line}" for line in s.legend] + [""]
+        if s.rules:  # folded where the markdown renders HTML (GitHub), a plain paragraph elsewhere
+            lines += ["<details><summary>How the ranks, intervals and verdicts are computed</summary>", "",
+                      s.rules, "", "</details>", ""]
         for t in s.secondary:
             lines += _md_section_table(t)
         if s.provenance or s.not_computed:
