@@ -18,8 +18,8 @@ Every field of `RunConfig` and of its sections is declared with `declare(default
   resolution);
 - the name it is hashed under (`hash_name`: the leaf name in the run id's hashed dict). A field
   renamed after run ids were published keeps its old name there, so no run id moves: the
-  `hash_name`s are the run-id rename map (a method's hyperparameters have theirs on the method's
-  Config, methods/registry.py `hashed_as`). Its old name is not read anywhere else.
+  `hash_name`s are the run-id rename map (the methods' hyperparameters have theirs in config.py,
+  `METHOD_PARAM_HASH_NAMES`). Its old name is not read anywhere else.
 
 Predicates and canonical forms take a getter, ``get("train.driver")``, so the same declaration
 applies to a `RunConfig` (building ids) and to a stored config.json (the report's grouping).
