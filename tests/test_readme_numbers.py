@@ -28,6 +28,7 @@ DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
 # a docs page's sources: <!-- numbers: from results/x/leaderboard.csv tests/test_docs.py -->
 DOC_SOURCES = re.compile(r"<!-- numbers: from (?!csv -->)(?P<paths>[^<>]+?) -->")
 # a number as a JSON, Markdown or Python file writes it: 0.905, 267_313, 1,062,497, 8.34e-07
+SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$', flags=re.M)  # pymdownx.snippets, base path the repository root
 LITERAL = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d[\d_]*(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 
 
@@ -87,6 +88,8 @@ def _source_values(path: Path) -> list[float]:
 def docs_numbers_missing(text: str, root: Path = ROOT) -> tuple[list[str], list[str]]:
     """(numbers the page quotes that none of its declared sources holds, declared sources that are no file).
     A page without a decimal number needs no source; one with numbers and no declaration misses them all."""
+    # a page's text as the site shows it: a snippet line (--8<-- "CHANGELOG.md") is the file it includes
+    text = SNIPPET.sub(lambda m: (root / m["path"]).read_text(encoding="utf-8"), text)
     markers = re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))  # not a marker quoted as code
     sources = [root / p for m in DOC_SOURCES.finditer(markers) for p in m["paths"].split()]
     absent = sorted(str(p.relative_to(root)) for p in sources if not p.is_file())
@@ -162,4 +165,6 @@ def test_the_docs_number_check_catches_a_typo_and_an_unsourced_number(tmp_path):
     assert docs_numbers_missing("A score of 12.5 (ICML 2025).\n", tmp_path) == (["12.5"], [])  # no sources named
     assert docs_numbers_missing("<!-- numbers: from gone.csv -->\n1.5\n", tmp_path) == (["1.5"], ["gone.csv"])
     assert docs_numbers_missing("No decimals here: 4 clients, 9 rounds, `0.5`.\n", tmp_path) == ([], [])
+    (tmp_path / "CHANGES.md").write_text("Faster by 12.5 %.\n", encoding="utf-8")
+    assert docs_numbers_missing('<!-- numbers: from r.csv -->\n--8<-- "CHANGES.md"\n', tmp_path) == (["12.5"], [])
     assert docs_numbers_missing("Quoted, not declared: `<!-- numbers: from r.csv -->` 144.7\n", tmp_path) == (["144.7"], [])
