@@ -92,3 +92,12 @@ def method_help(name: str) -> list[tuple[str, str, Any]]:
         tname = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is typing.Literal else getattr(typ, "__name__", str(typ))
         out.append((f.name, tname, f.default))
     return out
+
+
+def reference_method() -> str:
+    """The registered method that declares itself the reference (`Method.reference`: FedAvg): what a
+    report compares every setting with when told no other, and the dense model drift falls back to."""
+    found = [m for m in list_methods() if vars(_REGISTRY[m]).get("reference") is True]
+    if len(found) != 1:
+        raise RuntimeError(f"exactly one registered method must declare reference = True, found {found or 'none'}")
+    return found[0]

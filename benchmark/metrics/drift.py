@@ -84,11 +84,25 @@ def _budget(cfg: dict[str, Any]) -> dict[str, Any]:
     return schema.identity(entries, schema.stored(entries, cfg))
 
 
-def _is_dense(cfg: dict[str, Any], family: str) -> bool:
-    """A keep-1.0 run of `family` without capacity tiers, i.e. bitwise FedAvg."""
+def _is_reference(cfg: dict[str, Any]) -> bool:
+    """A run of the reference method (`Method.reference`: FedAvg), the dense model itself."""
+    from dfbench.methods.registry import reference_method
+
+    return cfg.get("method") == reference_method()
+
+
+def _is_dense(cfg: dict[str, Any], method: str) -> bool:
+    """A run of `method` at its dense setting (`Method.dense_param` at 1.0) without capacity tiers,
+    i.e. bitwise FedAvg. False for a method that declares no dense setting or is not registered here."""
+    from dfbench.methods.registry import get_method_class
+
+    try:
+        param = get_method_class(method).dense_param
+    except KeyError:  # a plugin's method not loaded in this process: no dense setting known
+        return False
     params = cfg.get("method_params") or {}
     tiers = (cfg.get("system") or {}).get("capacity") or ""
-    return cfg.get("method") == family and float(params.get("keep_ratio", 0.0)) >= 1.0 and not tiers
+    return param is not None and cfg.get("method") == method and float(params.get(param, 0.0)) >= 1.0 and not tiers
 
 
 def _done_with_samples(d: Path) -> bool:
@@ -108,7 +122,7 @@ def find_reference(run: str | Path, root: str | Path | None = None) -> Path | No
     """
     run = Path(run)
     cfg = _read(run / runfolder.CONFIG)
-    if cfg.get("method") == "fedavg":
+    if _is_reference(cfg):
         return run if (run / runfolder.SAMPLES).is_file() else None  # its own reference (drift 0), even mid-evaluation
     if root is None:
         parents = run.resolve().parents  # <root>/<dataset>/<partition>/<method>/<seed-hash>
@@ -116,16 +130,17 @@ def find_reference(run: str | Path, root: str | Path | None = None) -> Path | No
             return None  # not inside a runs root: nothing to compare with
         root = parents[3]
     want = _budget(cfg)
-    same_family, fedavg = [], []
-    for cand in sorted(Path(root).glob(f"{run.parent.parent.parent.name}/{run.parent.parent.name}/*/*/{runfolder.CONFIG}")):
-        d = cand.parent
+    same_family, fedavg = [], []  # fedavg: runs of the reference method
+    block = Path(root) / run.parent.parent.parent.name / run.parent.parent.name  # <dataset>/<partition>
+    for cand in runfolder.iter_runs(block) if block.is_dir() else ():
+        d = cand.path
         try:
-            other = _read(cand)
+            other = cand.config()
         except (OSError, ValueError):
             continue
         if _budget(other) != want or not _done_with_samples(d):
             continue
-        if other.get("method") == "fedavg":
+        if _is_reference(other):
             fedavg.append(d)
         elif _is_dense(other, str(cfg.get("method"))):
             same_family.append(d)
