@@ -67,8 +67,10 @@ def test_speed_is_the_median_of_images_per_training_second_from_the_run_folders(
         folder = tmp_path / "runs" / "fmnist" / "iid" / method / rid
         folder.mkdir(parents=True)
         m = {"client_images": 1000.0, "train_wall_seconds": 10.0 * (1 + i % 3)} if i < 12 else {"client_images": 0.0}
+        (folder / "config.json").write_text("{}")  # what makes a folder a run folder (runfolder.iter_runs)
         (folder / "metrics.json").write_text(json.dumps(m))
     (tmp_path / "runs" / "broken").mkdir()
+    (tmp_path / "runs" / "broken" / "config.json").write_text("{}")
     (tmp_path / "runs" / "broken" / "metrics.json").write_text("{not json")
     speed = B.speeds(tmp_path / "runs")
     assert len(speed) == 12 and speed[runs["run_id"][1]] == pytest.approx(50.0)

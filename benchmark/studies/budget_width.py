@@ -35,15 +35,17 @@ import pandas as pd  # noqa: E402
 from dfbench.benchmark.report import verdicts as V  # noqa: E402
 from dfbench.benchmark.report.names import is_baseline, setting_names  # noqa: E402
 from dfbench.benchmark.studies.speed import speeds  # noqa: E402
+from dfbench.methods.registry import reference_method  # noqa: E402
 
 COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds",
            "images_per_s"]
 
 
-def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str = "fedavg",
+def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str | None = None,
               speed: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per network x rounds x setting (the untrained model as rounds 0), in that order;
     `speed` (run_id -> images/s, `studies.speed.speeds`) gives each trained row its median over the seeds."""
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     need = {"method", "seed", "baseline", "cfg.model", "cfg.rounds", metric}
     missing = sorted(need - set(runs.columns))
     if missing:
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.budget_width", description=__doc__.split("\n")[0])
     ap.add_argument("study", type=Path, help="the study folder holding runs.csv (results/paper-fmnist-budget)")
     ap.add_argument("--metric", default="fd_fmnist", help="a positive score in runs.csv (default fd_fmnist)")
-    ap.add_argument("--reference", default="fedavg", help="the setting whose score a collapsed seed is farther from")
+    ap.add_argument("--reference", default=reference_method(), help="the setting whose score a collapsed seed is farther from")
     args = ap.parse_args(argv)
     path = args.study / "runs.csv"
     if not path.is_file():

@@ -36,6 +36,7 @@ from dfbench.benchmark.metrics.uncertainty import seed_interval  # noqa: E402
 from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study  # noqa: E402
 from dfbench.benchmark.report.names import setting_names  # noqa: E402
 from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
+from dfbench.methods.registry import reference_method  # noqa: E402
 
 CLAIM_RATIO, CLAIM_METRIC = 4.0, 1.75  # FedDM: up to 4x less communication for at most 1.75x the metric
 COLUMNS = ["dataset", "partition", "method", "setting", "name", "seeds", "uplink_mb", "compression", "mean", "low", "high",
@@ -53,8 +54,9 @@ def pareto_mask(uplink: np.ndarray, score: np.ndarray, higher_better: bool = Fal
     return keep
 
 
-def frontier_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False) -> pd.DataFrame:
+def frontier_table(runs: pd.DataFrame, metric: str, reference: str | None = None, higher_better: bool = False) -> pd.DataFrame:
     """One row per (block, trained setting) of a block that holds the reference; see the module doc."""
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     rows = []
     trained = runs[~runs["baseline"].astype(bool)].dropna(subset=[metric])
     names = setting_names(trained)  # the one naming function: method, hyperparameters off its defaults, config
@@ -88,9 +90,10 @@ def frontier_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", h
     return pd.concat(rows, ignore_index=True)[COLUMNS]
 
 
-def claim_table(table: pd.DataFrame, reference: str = "fedavg") -> pd.DataFrame:
+def claim_table(table: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
     """Per block and method family (not the reference): the settings at >= 4x less uplink, the best
     score ratio among them and whether it is <= 1.75 (FedDM's claim)."""
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     rows = []
     for (dataset, partition, method), fam in table[table["setting"] != reference].groupby(
             ["dataset", "partition", "method"], sort=True):
@@ -199,7 +202,8 @@ def untrained_floors(runs: pd.DataFrame, metric: str) -> dict[tuple[str, str], f
     return {k: float(seed_interval(g[metric].to_list(), log)[0]) for k, g in base.groupby(["dataset", "partition"])}
 
 
-def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
+def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, metric: str | None = None) -> list[Path]:
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     study = load_study(runs_dir, metric, reference=reference)
     metric, higher, runs = study.metric, study.higher, study.data.runs
     table = frontier_table(runs, metric, reference, higher)

@@ -28,6 +28,7 @@ from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study
+from dfbench.methods.registry import reference_method
 
 BLOCK = ["dataset", "partition", "_pair_budget"]
 # Capacity tiers configure the resource-aware methods (HeteroFL's widths, pruning keep ratios);
@@ -55,7 +56,7 @@ def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.
     return seeds, diff, mean, low, high
 
 
-def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", higher_better: bool = False,
+def paired_table(runs: pd.DataFrame, metric: str, reference: str | None = None, higher_better: bool = False,
                  margin: float = V.MARGIN) -> pd.DataFrame:
     """One row per (block, setting) with a reference run at a shared seed.
 
@@ -64,6 +65,7 @@ def paired_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg", hig
     setting label). Untrained baselines are skipped. Differences are setting minus reference; the
     verdict is the paired test of the module doc, Holm-corrected over the block.
     """
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     rows = []
     trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
     trained = trained.assign(_pair_budget=trained["budget_key"].map(_pair_budget))
@@ -122,7 +124,8 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str, higher_better:
     return "\n".join(lines) + "\n"
 
 
-def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
+def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, metric: str | None = None) -> list[Path]:
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     study = load_study(runs_dir, metric, reference=reference)
     table = paired_table(study.data.runs, study.metric, reference, study.higher)
     return write_study(out, f"paired_vs_{reference}", to_markdown(table, study.metric, reference, study.higher), table)

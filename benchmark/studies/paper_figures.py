@@ -45,6 +45,7 @@ from dfbench.benchmark.core import runfolder  # noqa: E402
 from dfbench.benchmark.metrics import drift  # noqa: E402
 from dfbench.benchmark.metrics import uncertainty  # noqa: E402
 from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
+from dfbench.methods.registry import reference_method  # noqa: E402
 from dfbench.benchmark.report.frames import collect, primary_metric  # noqa: E402
 from dfbench.methods.pruning import INFERENCE_MODES  # noqa: E402
 
@@ -64,6 +65,7 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
     if runs.empty or metric is None:
         raise ValueError(f"no scored runs under {runs_dir}; run the grid first (make bench-paper-fmnist)")
     rows = []
+    reference = reference_method()  # its runs are each family's keep-1.0 point (FedAvg)
     for _, r in runs.iterrows():
         base = {"seed": int(r["seed"]), "metric": float(r[metric]), "w2": float(r["w2_mean"]),
                 "gamma_star": float(r["gamma_star"]), "path": r["path"]}
@@ -72,7 +74,7 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
         base["drift_features"] = (rec or {}).get("features", {}).get("fmnist", math.nan) if rec else math.nan
         if r["baseline"]:  # its "reference" is itself (FedAvg at rounds 0): no drift to show
             rows.append({**base, "family": "untrained", "keep": math.nan, "drift_pixel": math.nan, "drift_features": math.nan})
-        elif r["method"] == "fedavg":
+        elif r["method"] == reference:
             rows += [{**base, "family": fam, "keep": 1.0} for fam in FAMILIES.values()]
         elif r["method"] in FAMILIES:
             rows.append({**base, "family": FAMILIES[r["method"]], "keep": float(r["param.keep_ratio"])})

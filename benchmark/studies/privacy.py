@@ -32,6 +32,7 @@ from dfbench.benchmark.metrics.uncertainty import seed_interval, t_interval  # n
 from dfbench.benchmark.report.frames import curve_labels  # noqa: E402
 from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study  # noqa: E402
 from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
+from dfbench.methods.registry import reference_method  # noqa: E402
 
 #: the leakage metrics of a row, in the order the table shows them (benchmark/engine/leakage.py)
 LEAKS = ("copy_rate_pixel", "copy_rate_test_pixel", "copy_rate_fmnist", "copy_rate_test_fmnist", "nn_train_pixel",
@@ -51,8 +52,9 @@ def _mean_ci(values: list[float], unit: bool = False) -> tuple[float, float, flo
     return mean, low, high
 
 
-def privacy_table(runs: pd.DataFrame, metric: str, reference: str = "fedavg") -> pd.DataFrame:
+def privacy_table(runs: pd.DataFrame, metric: str, reference: str | None = None) -> pd.DataFrame:
     """One row per (block, setting label); see the module doc."""
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     labels = curve_labels(runs)  # the one naming function (names.setting_names)
     runs = runs.assign(label=[labels.get(str(r), str(s)) for r, s in zip(runs["run_id"], runs["setting"])])
     rows = []
@@ -157,7 +159,8 @@ def plot(table: pd.DataFrame, metric: str, reference: str, path: Path) -> Path:
     return path
 
 
-def write(runs_dir: str | Path, out: str | Path, reference: str = "fedavg", metric: str | None = None) -> list[Path]:
+def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, metric: str | None = None) -> list[Path]:
+    reference = reference or reference_method()  # default: the method that declares itself the reference
     study = load_study(runs_dir, metric, needs=COPY, missing=f"no runs with leakage metrics under {runs_dir} "
                        "(eval.leakage_metrics=true); run the grid first")
     table = privacy_table(study.data.runs, study.metric, reference)

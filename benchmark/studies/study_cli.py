@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from dfbench.benchmark.report.frames import ReportData, collect, higher_is_better, primary_metric
+from dfbench.methods.registry import reference_method
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def study_main(argv: Sequence[str] | None, module: str, doc: str, writes: str, r
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     p.add_argument("--runs", required=True, help=runs_help)
     p.add_argument("--out", required=True, help=f"folder for {writes}")
-    p.add_argument("--reference", default="fedavg", help=reference_help)
+    p.add_argument("--reference", default=reference_method(), help=reference_help)
     p.add_argument("--metric", default=None, help="default: the report's primary metric")
     a = p.parse_args(argv)
     try:

@@ -33,6 +33,7 @@ from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.report.frames import CONFIG_DEFAULTS, better, curve_labels
 from dfbench.benchmark.studies.study_cli import load_study, write_study
+from dfbench.methods.registry import reference_method
 
 COLUMNS = ["dataset", "partition", "label", "seeds", "final", "final_diff", "final_low", "final_high", "final_verdict",
            "sim_seconds", "client_images", "target_fraction", "target", "reached", "seconds_to_target",
@@ -40,12 +41,15 @@ COLUMNS = ["dataset", "partition", "label", "seeds", "final", "final_diff", "fin
 
 
 def default_reference(runs: pd.DataFrame, labels: dict[str, str]) -> str:
-    """The label of plain synchronous FedAvg: setting `fedavg`, sync driver, no deadline, no tiers."""
+    """The label of plain synchronous FedAvg: the reference method's setting (`Method.reference`), sync
+    driver, no deadline, no tiers."""
+    plain_method = reference_method()
+
     def plain(row: pd.Series) -> bool:
         def neutral(key: str) -> bool:  # absent (a run made before the key) or at the config default
             v = row.get(f"cfg.{key}")
             return v is None or (isinstance(v, float) and math.isnan(v)) or v == CONFIG_DEFAULTS[key]
-        return row["setting"] == "fedavg" and all(neutral(k) for k in ("driver", "deadline", "capacity"))
+        return row["setting"] == plain_method and all(neutral(k) for k in ("driver", "deadline", "capacity"))
 
     trained = runs[~runs["baseline"].astype(bool)] if "baseline" in runs else runs
     found = sorted({labels[str(r["run_id"])] for _, r in trained.iterrows() if plain(r) and str(r["run_id"]) in labels})
