@@ -369,7 +369,7 @@ def numerics_key(cfg: RunConfig) -> str | None:
     noises and masks on a GPU, and GPU kernels round differently: a GPU run is another run, and
     it gets another id (another folder, never a resume of a CPU checkpoint). The index (cuda:0,
     cuda:3) and the GPU model are not in the id: runs on one GPU model are bitwise reproducible,
-    across models they are the same random streams with other roundings (README, Scale-out).
+    across models they are the same random streams with other roundings (docs/scale-out.md).
     """
     kind = device_type(cfg.device)
     if kind == "cpu":

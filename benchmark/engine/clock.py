@@ -20,7 +20,7 @@ tier i of system.speed is tier i of system.capacity when both list the same frac
 client is then a small one); "lognormal:SIGMA" = exp(SIGMA * z), z ~ N(0, 1) per client (median 1),
 from the run seed.
 
-Limits (README, "The simulated clock"): no contention between clients for the server or the
+Limits (docs/heterogeneity.md, "The simulated clock"): no contention between clients for the server or the
 network, no failures beyond dropout and the deadline, compute time proportional to the FLOP
 fraction (real sparse kernels rarely reach that), and links that are the same in every round.
 """
