@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from dfbench.benchmark.core.config import ConfigError, DataConfig, EvalConfig, RunConfig, TrainConfig, parse_value
 from dfbench.benchmark.run_flags import FLAG_KEYS, config_from_flags
@@ -85,14 +86,16 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    if not a.dry_run:
+        check_device(a.device)  # before the config: also names the fix for a device dfbench does not know (mps)
     cfg = config_from_args(a)
     if a.dry_run:
         print(json.dumps(cfg.record(), indent=2))
         return 0
     from dfbench.benchmark.engine import distributed
+    from dfbench.benchmark.core import runfolder
     from dfbench.benchmark.core.lock import LockHeld, LockLost
     from dfbench.benchmark.engine.lifecycle import Interrupted, OutOfMemory, run
-    from dfbench.benchmark.core.runfolder import DIVERGED, STATUS, read_status
 
     if a.download:
         from dfbench.benchmark.grid.fetch import FetchError, fetch_for_configs
@@ -102,39 +105,125 @@ def cmd_run(a: argparse.Namespace) -> int:
         except FetchError as err:
             print(f"dfbench: error: {err}", file=sys.stderr)
             return 1
-    _exit_on_sigterm()
-    distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
-    try:
-        d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait, log=_log_names(a),
-                log_group=a.log_group)
-    except (distributed.DistributedError, LockHeld, LockLost, OutOfMemory) as err:
-        # a rank died or hung (rank 0's status.json says "failed" with this message; no shutdown:
-        # the group is broken, and leaving it could wait on the dead rank), another process owns
-        # the run folder (nothing was written) or took it over from this one (presumed dead), or the
-        # GPU ran out of memory (status "failed")
-        print(f"dfbench: error: {err}", file=sys.stderr)
-        return 1
-    except Interrupted as err:  # exits with 128 + the signal number, as the signal itself would
-        if distributed.rank_world()[0] == 0:
-            print(f"dfbench: stopped by {err.signal_name}; the run's {STATUS} says interrupted, and the same "
-                  f"command resumes it from its newest checkpoint", file=sys.stderr)
-        raise
+    folder = runfolder.run_dir(a.out, cfg)
+    before = _status_now(folder)  # the same status after the run: it was done already, nothing ran
+    with stop_on_signals():
+        distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
+        try:
+            d = run(cfg, a.out, force=a.force, progress=not a.no_progress, wait=a.wait, log=_log_names(a),
+                    log_group=a.log_group)
+        except (distributed.DistributedError, LockHeld, LockLost, OutOfMemory) as err:
+            # a rank died or hung (rank 0's status.json says "failed" with this message; no shutdown:
+            # the group is broken, and leaving it could wait on the dead rank), another process owns
+            # the run folder (nothing was written) or took it over from this one (presumed dead), or the
+            # GPU ran out of memory (status "failed")
+            print(f"dfbench: error: {err}", file=sys.stderr)
+            return 1
+        except Interrupted as err:  # exits with 128 + the signal number, as the signal itself would
+            if distributed.rank_world()[0] == 0:
+                state = (_status_now(folder) or {}).get("state")
+                said = f"its {runfolder.STATUS} says {state}" if state else "nothing was written"
+                print(f"dfbench: stopped by {err.signal_name} ({said}); the same command resumes it"
+                      + (" from its newest checkpoint" if state == runfolder.INTERRUPTED else ""), file=sys.stderr)
+            return int(err.code)
     if distributed.rank_world()[0] == 0:
-        st = read_status(d) or {}
+        st = _status_now(d) or {}
         if st.get("evaluation_pending"):
             print(f"note: evaluation pending: {st['evaluation_pending']}", file=sys.stderr)
-        if st.get("state") == DIVERGED:
-            print(f"run diverged: {st.get('error')}", file=sys.stderr)
-        print(d)
+        for line in run_summary(d, cfg, already=st == before):
+            print(line)
+        print(d)  # the last line: scripts take the run folder from it (scripts/gpu_check.py)
     distributed.shutdown()
     return 0
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM (Slurm's time limit or preemption, `kill`) exits through Python: it raises
-    lifecycle.Interrupted (a SystemExit, status 128 + 15), so the run being trained is marked
-    "interrupted" (resumable) and its lock is released at once, instead of the lock waiting to go
-    stale. A second SIGTERM while that is written is ignored (Slurm's SIGKILL still ends it)."""
+def _status_now(d: Path) -> dict[str, Any] | None:
+    """status.json of run folder `d`, or None when it is missing or does not parse (the run decides what that means)."""
+    from dfbench.benchmark.core import runfolder
+
+    try:
+        return runfolder.read_status(d)
+    except (OSError, ValueError):
+        return None
+
+
+def _number(value: float) -> str:
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.4g}"
+
+
+def score_line(row: dict[str, Any]) -> str:
+    """One metric row in words: `fd_fmnist 236.12 (95% CI 220.08 to 250.20, 400 samples)`."""
+    rule = f" [{row['inference']}]" if row.get("inference") else ""
+    parts = []
+    if row.get("ci_low") is not None and row.get("ci_high") is not None:
+        level = f"{round(100 * row['ci_level'])}% " if row.get("ci_level") else ""
+        parts.append(f"{level}CI {_number(row['ci_low'])} to {_number(row['ci_high'])}")
+    if row.get("num_samples") is not None:
+        parts.append(f"{row['num_samples']} samples")
+    return f"{row['metric']}{rule} {_number(row['value'])}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def run_summary(d: Path, cfg: RunConfig, *, already: bool) -> list[str]:
+    """What `dfbench run` says above the run folder: whether it ran now or was done already, and its
+    headline scores (the ranking metrics the run scored: benchmark/metrics/table.py's PRIMARY, else its
+    first Frechet distance), with their intervals; the other rows are in metrics.json."""
+    from dfbench.benchmark.core import runfolder
+    from dfbench.benchmark.grid.plan import fmt_seconds
+    from dfbench.benchmark.metrics.table import PRIMARY
+
+    st = _status_now(d) or {}
+    try:
+        metrics = runfolder.read_json(d / runfolder.METRICS)
+    except (OSError, ValueError):
+        metrics = {}
+    if st.get("state") == runfolder.DIVERGED:
+        first = ("already diverged: " if already else "diverged: ") + f"{st.get('error')} (final: the same config " \
+                "diverges again; change it, or --force to run it again)"
+        return [first]
+    if already:
+        first = "already done: this config ran to the end before (--force runs it again)"
+    elif isinstance(metrics.get("wall_seconds"), (int, float)):
+        first = f"done in {fmt_seconds(metrics['wall_seconds'])}"
+    else:
+        first = "done"
+    rows = [r for r in metrics.get("evaluations") or [] if isinstance(r, dict) and isinstance(r.get("value"), (int, float))]
+    head = [r for m in PRIMARY for r in rows if r.get("metric") == m]
+    head = head or [r for r in rows if str(r.get("metric")).startswith("fd_")][:1] or rows[:1]
+    if not rows:
+        why = ("evaluation pending (see the note above)" if st.get("evaluation_pending") else
+               "eval.metrics=none" if cfg.eval.metrics == "none" else f"see {runfolder.METRICS}")
+        return [first, f"no scores ({why})"]
+    rest = len(rows) - len(head)
+    more = f"; {rest} more metric{'s' if rest != 1 else ''} in {runfolder.METRICS}" if rest else ""
+    return [first, *(score_line(r) for r in head[:-1]), score_line(head[-1]) + more]
+
+
+def check_device(device: str | None) -> None:
+    """A device this machine lacks, or one dfbench does not compute on, is refused in one line before any
+    work (otherwise CUDA fails deep inside: "Found no NVIDIA driver", "invalid device ordinal")."""
+    if device is None:
+        return
+    from dfbench.benchmark.engine.evaluate import available_devices
+
+    have = available_devices()
+    kind, _, index = str(device).partition(":")
+    gpus = " (or one of its GPUs)" if len(have) > 1 else ""
+    if kind not in ("cpu", "cuda") or (kind == "cpu" and index):
+        raise ConfigError(f"device {device!r} is not one dfbench computes on (cpu, cuda, cuda:N); this machine has "
+                          f"{', '.join(have)}: pass --device cpu{gpus}")
+    if kind == "cuda" and (len(have) == 1 or (index and f"cuda:{index}" not in have)):
+        raise ConfigError(f"device {device!r} is not available on this machine (it has {', '.join(have)}; "
+                          f"torch.cuda.device_count() = {len(have) - 1}): pass --device cpu{gpus}, or run on a machine "
+                          f"with that GPU")
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM (Slurm's time limit or preemption, `kill`) and SIGINT (Ctrl-C) exit through Python while
+    a run or grid works: they raise lifecycle.Interrupted (a SystemExit, status 128 + the signal), so the
+    run being trained is marked "interrupted" (resumable) and its lock is released at once, instead of the
+    lock waiting to go stale. A second signal while that is written is ignored (Slurm's SIGKILL still ends
+    it). The handlers before are back afterwards (a notebook or a test calling `main` keeps its own)."""
     import signal
 
     from dfbench.benchmark.engine.lifecycle import Interrupted
@@ -143,7 +232,13 @@ def _exit_on_sigterm() -> None:
         signal.signal(signum, signal.SIG_IGN)
         raise Interrupted(signum)
 
-    signal.signal(signal.SIGTERM, stop)
+    before = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, handler)
 
 
 def cmd_grid(a: argparse.Namespace) -> int:
@@ -156,7 +251,8 @@ def cmd_grid(a: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
                           "`dfbench run`, or one grid worker per GPU: `dfbench grid --workers N --device cuda`")
-    _exit_on_sigterm()
+    if not a.dry_run:
+        check_device(a.device)  # (the cells' own devices are checked by the runner, before the first cell)
     extra = dict(a.overrides) | ({"device": a.device} if a.device else {})
     grid = load_grid(a.grid, extra=extra)
     shard = parse_shard(a.shard) if a.shard else None
@@ -168,13 +264,20 @@ def cmd_grid(a: argparse.Namespace) -> int:
         print(describe(grid, selected, a.out, retry_failed=a.retry_failed, force=a.force))
         print(describe_inputs([c.cfg for c in selected]))
         return 0
+    from dfbench.benchmark.engine.lifecycle import Interrupted
+
     try:  # --workers N: N-1 more processes of the same grid, then this one works too (grid/workers.py)
-        summary = run_with_workers(grid, a.out, workers=a.workers, shard=shard, only=only, retry_failed=a.retry_failed,
-                                   force=a.force, progress=not a.no_progress, download=a.download, log=_log_names(a),
-                                   log_group=a.log_group)
+        with stop_on_signals():
+            summary = run_with_workers(grid, a.out, workers=a.workers, shard=shard, only=only,
+                                       retry_failed=a.retry_failed, force=a.force, progress=not a.no_progress,
+                                       download=a.download, log=_log_names(a), log_group=a.log_group)
     except (MissingInputsError, FetchError) as err:  # raised before the first cell
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
+    except Interrupted as err:  # the cell being trained is marked interrupted; done cells stay done
+        print(f"dfbench: grid stopped by {err.signal_name}; a cell it was training is marked interrupted, and the "
+              f"same command resumes it and runs the cells still to run", file=sys.stderr)
+        return int(err.code)
     from dfbench.benchmark.grid.workers import WORKER_ENV
 
     print(summary.worker_text() if os.environ.get(WORKER_ENV) else summary.text())
@@ -221,8 +324,14 @@ def cmd_report(a: argparse.Namespace) -> int:
     # The reporter only reads run folders: it writes nothing into them and computes no drift (that
     # needs the extractors and their weights). A run evaluated before its dense reference finished,
     # and not caught by its grid's last worker, shows no drift; say which command records it.
+    from dfbench.benchmark.core.runfolder import CONFIG
     from dfbench.benchmark.report.claims import ClaimsError
 
+    if not find_run_dirs(a.runs):  # (a missing folder: FileNotFoundError, said by main)
+        print(f"dfbench: error: no run folders under {a.runs} (a run folder holds a {CONFIG}), so there is nothing to "
+              f"report; make runs with `dfbench run --out {a.runs}` or `dfbench grid demo --out {a.runs}`, or pass "
+              f"--runs with the folder that holds them", file=sys.stderr)
+        return 2
     try:
         paths = build_report(a.runs, a.out, target, reference=a.reference, margin=a.margin, claims=a.claims)
     except (ClaimsError, ValueError) as err:  # a bad claims file or margin: said before anything is written
@@ -267,6 +376,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
             print(f"{row['metric']}{rule}: {row['value']:.4f}{ci} ({row.get('extractor') or '-'}, "
                   f"{row.get('num_samples', '-')} samples)")
 
+    from dfbench.benchmark.core.runfolder import METRICS
+
     try:
         if a.replace:
             for path in a.paths:
@@ -281,17 +392,30 @@ def cmd_eval(a: argparse.Namespace) -> int:
                 print(f"{run}: {len(rows)} row(s) scored")
                 show(rows)
             else:
-                print(f"{run}: up to date")
+                print(f"{run}: up to date (its {METRICS} has every metric this dfbench scores)")
 
         for path in a.paths:
             counts = rescore_tree(path, a.device, feature_batch=batches.get("feature_batch"), report=said)
-            print(f"{path}: {counts['rescored']} run(s) rescored, {counts['up_to_date']} up to date, "
-                  f"{counts['skipped']} skipped (not finished)")
+            print(eval_summary(path, counts))
             record_drift(path, a.device)
     except OutOfMemory as err:
         print(f"dfbench: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def eval_summary(path: str | Path, counts: dict[str, int]) -> str:
+    """`dfbench eval`'s last line for PATH: what it checked and what it did (rescore_tree's counts)."""
+    from dfbench.benchmark.core.runfolder import METRICS, RESCORED
+
+    n = sum(counts.values())
+    checked = (f"{path}: checked {n} run folder(s) for metrics this dfbench scores (and the held-out denoising "
+               f"loss) that their {METRICS} lacks")
+    if not counts["rescored"] and not counts["skipped"]:
+        return f"{checked}: none lacks any, so nothing needed re-scoring"
+    skipped = f", {counts['skipped']} skipped (not finished: `dfbench run` finishes them)" if counts["skipped"] else ""
+    return (f"{checked}: {counts['rescored']} re-scored (the new rows are in their {RESCORED}), "
+            f"{counts['up_to_date']} already complete{skipped}")
 
 
 def record_drift(path: str | Path, device: str | None) -> None:
@@ -368,9 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
     from dfbench.benchmark.metrics.table import frechet_extractors  # pure data: cheap to import
 
     p = argparse.ArgumentParser(prog="dfbench", description="Benchmark of federated and decentralized training schemes for diffusion models.")
+    p.add_argument("--version", action="version", version=f"dfbench {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="train and evaluate one run (prints the run folder as its last line)")
+    r = sub.add_parser("run", help="train and evaluate one run; ends with its headline scores and its folder",
+                       description="Train and evaluate one run, or resume it from its newest checkpoint. The config "
+                                   "decides the run folder (--out/DATASET/PARTITION/METHOD/RUN-ID), so the same command "
+                                   "again skips a finished run (it says \"already done\") and resumes an interrupted one "
+                                   "(Ctrl-C, SIGTERM, a kill). It ends with the run's headline scores (the ranking "
+                                   "metric and its interval; every score is in metrics.json) and, as its last line, "
+                                   "the run folder.")
     add_run_args(r)
     r.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
     r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
@@ -545,28 +676,93 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    raw = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(raw)
-    try:
-        if hasattr(args, "plugins"):  # before any work: a plugin that does not import stops here
-            from dfbench.methods.plugins import load_plugins
+def version() -> str:
+    """The installed dfbench's version (its package metadata), else the source's `dfbench.__version__`."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
-            load_plugins(args.plugins)
-        return int(args.func(args) or 0)
-    except ConfigError as err:
-        print(f"dfbench: config error: {err}", file=sys.stderr)
+    try:
+        return installed("dfbench")
+    except PackageNotFoundError:
+        from dfbench import __version__
+
+        return __version__
+
+
+def unknown_command(raw: Sequence[str], parser: argparse.ArgumentParser) -> str | None:
+    """One line for a first word that is no command (argparse's own is two lines, without a suggestion)."""
+    import difflib
+
+    if not raw or raw[0].startswith("-"):
+        return None
+    commands = next(list(act.choices) for act in parser._actions if isinstance(act, argparse._SubParsersAction))
+    if raw[0] in commands:
+        return None
+    close = difflib.get_close_matches(raw[0], commands, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"dfbench: error: unknown command {raw[0]!r}{hint}; commands: {', '.join(commands)} (`dfbench --help` says what each does)"
+
+
+def _one_line_warnings(fallback: Any) -> Any:
+    """A `warnings.showwarning` that writes dfbench's own warnings as one line each (`dfbench: warning: ...`)
+    and hands the others to `fallback` (Python's: file, line and the source line)."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        ours = [str(Path(m.__file__).parent) for name in ("dfbench.benchmark", "dfbench.methods", "dfbench.datasets")
+                if (m := sys.modules.get(name)) is not None and getattr(m, "__file__", None)]
+        if any(filename.startswith(root) for root in ours):
+            print(f"dfbench: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+
+    return show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if (said := unknown_command(raw, parser)) is not None:
+        print(said, file=sys.stderr)
         return 2
-    except (FileNotFoundError, KeyError, ValueError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"dfbench: error: {msg}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        msg = _disk_full_message(err, args.command)
-        if msg is None:
-            raise
-        print(msg, file=sys.stderr)
-        return 1
+    args = parser.parse_args(raw)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
+        try:
+            if hasattr(args, "plugins"):  # before any work: a plugin that does not import stops here
+                from dfbench.methods.plugins import load_plugins
+
+                load_plugins(args.plugins)
+            return int(args.func(args) or 0)
+        except ConfigError as err:
+            print(f"dfbench: config error: {err}", file=sys.stderr)
+            return 2
+        except (FileNotFoundError, KeyError, ValueError) as err:
+            msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+            print(f"dfbench: error: {msg}", file=sys.stderr)
+            return 2
+        except RuntimeError as err:
+            weights = sys.modules.get("dfbench.benchmark.metrics.weight_files")  # (not imported: not its error)
+            if weights is None or not isinstance(err, weights.MissingWeightsError):
+                raise
+            print(f"dfbench: error: {err.one_line()}", file=sys.stderr)  # what to put where, in one line
+            return 1
+        except KeyboardInterrupt:  # Ctrl-C outside `run` and `grid` (they mark their run interrupted: stop_on_signals)
+            print(f"dfbench: {args.command} stopped by Ctrl-C; the same command starts it again", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # `dfbench methods | head`: the reader left; say nothing more
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout at exit)
+            return 141  # 128 + SIGPIPE, as a command the signal ended
+        except OSError as err:
+            msg = _disk_full_message(err, args.command)
+            if msg is None:
+                raise
+            print(msg, file=sys.stderr)
+            return 1
 
 
 def _disk_full_message(err: OSError, command: str) -> str | None:

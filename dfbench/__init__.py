@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["__version__", "make_config", "run", "run_grid", "load_runs"]
 
+# `python -m dfbench` in a Python without the install: the checkout's own dfbench/ folder is found from the
+# current folder, and dfbench.benchmark (the folder benchmark/ beside it, mapped in by the install) is not.
+NOT_INSTALLED = ("dfbench: error: dfbench is not installed in this Python ({python}); run `source .venv/bin/activate` "
+                 "first (after `make demo` or `make install`), or install it into this Python with `pip install -e .`")
+
 
 def make_config(config: "RunConfig | None" = None, **settings: Any) -> "RunConfig":
     """A validated ``RunConfig``: ``make_config(method="fedprox", rounds=5, **{"method.mu": 0.01})``.

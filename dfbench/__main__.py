@@ -2,6 +2,14 @@
 
 import sys
 
-from dfbench.benchmark.cli import main
+try:
+    from dfbench.benchmark.cli import main
+except ModuleNotFoundError as err:  # the checkout's dfbench/ without the install (see dfbench.NOT_INSTALLED)
+    if not (err.name or "").startswith("dfbench"):
+        raise
+    from dfbench import NOT_INSTALLED
+
+    print(NOT_INSTALLED.format(python=sys.executable), file=sys.stderr)
+    sys.exit(1)
 
 sys.exit(main())

@@ -150,6 +150,18 @@ class MissingWeightsError(RuntimeError):
             f"{last}"
         )
 
+    def one_line(self) -> str:
+        """The message in one line (the command line's): the file, where it goes, and the ways to get it there."""
+        spec, home = self.spec, weights_dir() / self.spec.file_name
+        if spec.fetch_name is not None:
+            get = (f"run `dfbench fetch {spec.fetch_name}` (on a machine with internet; copy {weights_dir()} here "
+                   f"if this one has none)")
+        else:
+            get = f"download {spec.url} yourself (dfbench does not fetch it)"
+        flag = f", or pass {spec.cli_flag} PATH" if spec.cli_flag else ""
+        return (f"{spec.description} not found: {spec.file_name} belongs at {home}; {get}, or export "
+                f"{spec.env_var}=/path/to/{spec.file_name}{flag}")
+
 
 class WeightsHashError(ValueError):
     """A weights file exists but is not the expected file (sha256 mismatch)."""
