@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from .errors import DatasetError
+from .safeio import follow_umask
 
 __all__ = ["MIRROR_ENV_VAR", "DownloadError", "ChecksumMismatchError", "file_digest", "resolve_url", "download_file"]
 
@@ -106,6 +107,7 @@ def download_file(url: str, dest: str | os.PathLike, algo: str, digest: str, *, 
         written = 0
         request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=timeout) as response:
+            follow_umask(out.fileno())  # the cache's files readable as the umask says, not mkstemp's 0o600
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
             with _bar(total, dest.name, progress) as bar:

@@ -1,4 +1,4 @@
-"""Hardened readers for untrusted container formats: pickles and tar archives.
+"""Hardened readers for untrusted container formats (pickles, tar archives), and the mode of written files.
 
 Both are only ever applied to bytes whose checksum has already been verified against a
 published value (see :mod:`datasets.sources`); these guards are the second line of defence
@@ -13,6 +13,9 @@ for the case where a checksum table was overridden or the published file itself 
   paths, ``..`` components, symbolic and hard links, devices and FIFOs. :func:`safe_extract`
   checks *every* member before it writes anything, then extracts with tarfile's ``"data"``
   filter as well.
+* :func:`follow_umask` gives a file made by ``tempfile.mkstemp`` (always ``-rw-------``) the mode
+  ``open()`` would have given it, so the atomic writers (write a temporary file, rename it over
+  the target) leave files a group or a web server can read where the umask says so.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ __all__ = [
     "check_tar_member",
     "safe_extract",
     "read_tar_members",
+    "follow_umask",
 ]
 
 try:  # numpy >= 2 (and the 1.26 forward-compat alias)
@@ -229,3 +233,25 @@ def read_tar_members(archive: str | os.PathLike | bytes, wanted: Iterable[str]) 
         except (tarfile.TarError, OSError, EOFError) as e:
             raise DatasetError(f"cannot read tar archive {_label(archive)}: {e}") from e
     return out
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (os.umask can only be read by setting it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (a thread creating a file meanwhile gets 0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(fd: int) -> None:
+    """chmod the open file `fd` to 0o666 less the umask: the mode a plain ``open(path, "w")`` creates.
+
+    ``tempfile.mkstemp`` creates its file 0o600 whatever the umask (it is meant to be private);
+    an atomic writer renames that file over its target, which would then be private too."""
+    os.fchmod(fd, 0o666 & ~_umask())

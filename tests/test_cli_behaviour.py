@@ -209,6 +209,43 @@ def test_fid_without_the_inception_weights_says_which_file_where_and_how_in_one_
         assert needle in line, line
 
 
+# -- 5. a finished run whose files do not parse is not done ---------------------------------------------
+
+@pytest.mark.parametrize("name", [runfolder.CONFIG, runfolder.METRICS, runfolder.STATUS])
+def test_a_done_run_with_a_truncated_file_runs_again(name, tmp_path, dfbench):
+    argv = _argv(tmp_path / "runs")
+    code, _, err = dfbench(argv)
+    assert code == 0, err
+    d = _folder(argv)
+    text = (d / name).read_text()
+    (d / name).write_text(text[: len(text) // 2])  # truncated: a copy cut short, a damaged disk
+    code, out, err = dfbench(argv)
+    assert code == 0, err
+    assert "already done" not in out
+    assert name in err and "runs it again" in err, err  # said once, naming the file
+    for f in (runfolder.CONFIG, runfolder.METRICS, runfolder.STATUS):
+        json.loads((d / f).read_text())  # every file whole again
+    assert runfolder.read_status(d)["state"] == runfolder.DONE
+    assert [r["round"] for r in runfolder.read_rounds(d)] == [1, 2]
+
+
+def test_the_grid_counts_a_done_cell_with_a_truncated_config_as_unfinished(tmp_path, dfbench):
+    from dfbench.benchmark.grid import plan, spec
+    from helpers import TINY, write_grid
+
+    path = write_grid(tmp_path / "one.toml", {**TINY, "data.clients": 2, "train.local_steps": 1}, {"seed": [0]})
+    (cell,) = spec.load_grid(str(path)).cells
+    out = tmp_path / "runs"
+    d = cell.folder(out)
+    d.mkdir(parents=True)
+    runfolder.write_json(d / runfolder.METRICS, {"evaluations": []})
+    runfolder.write_status(d, runfolder.DONE)
+    (d / runfolder.CONFIG).write_text('{"seed": 0, "tra')
+    assert plan.cell_state(out, cell) == plan.UNFINISHED
+    runfolder.write_json(d / runfolder.CONFIG, cell.cfg.record())
+    assert plan.cell_state(out, cell) == runfolder.DONE
+
+
 # -- 6. a report of nothing ---------------------------------------------------------------------------
 
 def test_report_on_a_folder_without_runs_says_so_and_writes_nothing(tmp_path, dfbench):
@@ -219,6 +256,22 @@ def test_report_on_a_folder_without_runs_says_so_and_writes_nothing(tmp_path, df
     line = _one_line(err)
     assert str(runs) in line and "no run" in line and "dfbench run" in line, line
     assert not out.exists()
+
+
+# -- 7. file modes follow the umask ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_files_written_atomically_follow_the_umask(umask, tmp_path):
+    from dfbench.benchmark.metrics.scoring import _atomic_savez
+
+    before = os.umask(umask)
+    try:
+        runfolder.write_json(tmp_path / "a.json", {"a": 1})
+        _atomic_savez(tmp_path / "b.npz", {"x": np.zeros(2)})
+    finally:
+        os.umask(before)
+    for name in ("a.json", "b.npz"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
 
 
 # -- 8. --version --------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import torch
 
 from dfbench.benchmark.core.config import RunConfig
 from dfbench.benchmark.core.numerics import device_name
+from dfbench.datasets.safeio import follow_umask
 
 # -- file names (the format; change nothing here without a migration) -----------------------
 CONFIG = "config.json"
@@ -81,11 +82,12 @@ def run_dir(out: str | os.PathLike, cfg: RunConfig) -> Path:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over the target."""
+    """Write to a temporary file in the same folder, fsync, then rename over the target (mode as the umask says)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            follow_umask(f.fileno())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -124,6 +126,34 @@ def write_status(d: Path, state: str, **extra: Any) -> None:
 def read_status(d: Path) -> dict[str, Any] | None:
     p = Path(d) / STATUS
     return read_json(p) if p.exists() else None
+
+
+def _unparsable(path: Path) -> str | None:
+    """What is wrong with `path` as a JSON object file (one phrase), or None if it is one or is not there."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return f"{path.name} does not parse ({err})"
+    return None if isinstance(obj, dict) else f"{path.name} is not a JSON object"
+
+
+def damaged(d: Path) -> str | None:
+    """Why the run in `d` is not finished although it may say so, or None.
+
+    A final state counts only while the files it stands on parse: status.json itself, config.json,
+    and for "done" metrics.json (a copy cut short, a damaged disk). Every run and grid decides
+    "done" through this, so such a run is run again, not skipped. None for a folder without a
+    status or with an unfinished one (a rerun resumes those anyway)."""
+    status = Path(d) / STATUS
+    if (problem := _unparsable(status)) is not None or not status.exists():
+        return problem
+    state = read_json(status).get("state")
+    if state not in FINAL_STATES:
+        return None
+    names = (CONFIG, METRICS) if state == DONE else (CONFIG,)
+    return next((p for p in (_unparsable(Path(d) / n) for n in names) if p is not None), None)
 
 
 def append_round(d: Path, row: dict[str, Any], name: str = ROUNDS) -> None:

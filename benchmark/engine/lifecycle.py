@@ -21,6 +21,7 @@ import dataclasses
 import signal
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -101,6 +102,7 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
     # checked again with the real number of ranks (e.g. per-client state across ranks): refused before the lock,
     # a folder or any data; a config built by hand (RunConfig(...)) is resolved here
     cfg = resolve(cfg, world)
+    check_metrics(cfg)  # a misspelt metric: refused now, not after the training
     d = runfolder.run_dir(out, cfg)
     writer = rank == 0
     mine: RunLock | None = None
@@ -115,11 +117,15 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
         # Rank 0 alone reads the run folder (the others may not share its filesystem); every rank
         # follows its verdict, so a done or locked run returns on all ranks, not on some of them.
         if writer and verdict == "run":
-            status = runfolder.read_status(d)
+            problem = runfolder.damaged(d)
+            status = None if problem else runfolder.read_status(d)
             # "diverged" is final too: the same config diverges again at the same round (no RNG state)
             if status and status["state"] in runfolder.FINAL_STATES and not force:
                 verdict = "done"
-            elif force:
+            elif force or problem:
+                if problem and not force:  # a run is deterministic: running it again gives it back whole
+                    warnings.warn(f"{d} is not finished: {problem}; dfbench runs it again from the start",
+                                  stacklevel=2)
                 runfolder.clear_run_dir(d, keep=(runfolder.LOCK,))  # the lock stays: we own the folder throughout
         verdict = distributed.broadcast_object(verdict, what="the start-up check of the run folder")
         if verdict == "done":
@@ -131,6 +137,19 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
     finally:
         if mine is not None:
             mine.release()
+
+
+def check_metrics(cfg: RunConfig) -> None:
+    """ConfigError unless eval.metrics is auto, none or names the metric table's metrics, each defined on the
+    run's dataset (benchmark/metrics/table.py): the evaluation would refuse them only after the training."""
+    from dfbench.benchmark.metrics import table
+
+    if cfg.eval.metrics in ("auto", "none"):
+        return
+    try:
+        table.check_requested([m.strip() for m in cfg.eval.metrics.split(",") if m.strip()], cfg.data.dataset)
+    except ValueError as err:
+        raise ConfigError(f"invalid value for 'eval.metrics': {err}") from None
 
 
 def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, progress: bool, data: Any,

@@ -80,7 +80,10 @@ def select_cells(cells: Sequence[Cell], *, shard: tuple[int, int] | None = None,
 
 
 def cell_state(out: str | Path, cell: Cell) -> str:
-    """missing | unfinished | failed | diverged | done, from the cell's status.json."""
+    """missing | unfinished | failed | diverged | done, from the cell's status.json (a final state whose files
+    do not parse is unfinished: runfolder.damaged; the run starts it over)."""
+    if runfolder.damaged(cell.folder(out)):
+        return UNFINISHED
     status = runfolder.read_status(cell.folder(out))
     if status is None:
         return MISSING

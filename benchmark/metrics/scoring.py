@@ -40,6 +40,7 @@ from dfbench.benchmark.core.numerics import exact_float32
 from dfbench.benchmark.metrics import table
 from dfbench.benchmark.metrics.fid import GaussianMoments, frechet_distance, kid
 from dfbench.benchmark.metrics.folders import fid_between, load_image_source
+from dfbench.datasets.safeio import follow_umask
 
 __all__ = [
     "Extractor",
@@ -111,6 +112,7 @@ def _atomic_savez(path: Path, arrays: dict[str, np.ndarray]) -> None:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as handle:
+            follow_umask(handle.fileno())  # mkstemp's 0o600 would make a shared cache unreadable to the group
             np.savez(handle, **arrays)
         os.replace(tmp, path)
     finally:
