@@ -171,7 +171,10 @@ def parse_partition(spec: str | PartitionSpec) -> PartitionSpec:
             raise bad("'iid' takes no parameter")
         return PartitionSpec("iid")
     if kind not in KINDS:
-        raise bad(f"unknown kind {kind!r}")
+        import difflib
+
+        close = difflib.get_close_matches(kind, list(KINDS), n=1)
+        raise bad(f"unknown kind {kind!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     if not arg:
         raise bad(f"'{kind}' needs a parameter")
     if kind in ("dirichlet", "quantity"):

@@ -264,7 +264,11 @@ def _canonical(name: str) -> str:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in _SPECS:
-        raise DatasetError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}, or your own data as "
+        import difflib
+
+        close = difflib.get_close_matches(key, list(DATASETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DatasetError(f"unknown dataset {name!r}{hint}; valid: {', '.join(DATASETS)}, or your own data as "
                            "folder:PATH or hf:PATH (datasets/user_data.py)")
     return key
 

@@ -53,7 +53,11 @@ def method_families() -> dict[str, list[str]]:
 
 def get_method_class(name: str) -> type[Method]:
     if name not in _REGISTRY:
-        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())} (a method from "
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods())} (a method from "
                        "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
                        "README 'Adding a method')")
     return _REGISTRY[name]

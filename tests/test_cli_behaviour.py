@@ -283,6 +283,29 @@ def test_version_prints_the_installed_version(dfbench):
     assert code == 0 and out.strip() == f"dfbench {version('dfbench')}", (out, err)
 
 
+# -- 9. did you mean ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,suggestion", [
+    (["run", "--method", "fedavgg", "--dry-run"], "'fedavg'"),
+    (["run", "--dataset", "fminst", "--dry-run"], "'fmnist'"),
+    (["run", "--partition", "dirichelt:0.5", "--dry-run"], "'dirichlet'"),
+    (["run", *RUN_ARGS, "--set", "eval.metrics=fd_fmnst"], "'fd_fmnist'"),  # refused before training
+    (["run", "--set", "train.rouds=3", "--dry-run"], "'train.rounds'"),
+    (["grid", "dmeo", "--dry-run"], "'demo'"),
+    (["partition", "--dataset", "fminst"], "'fmnist'"),
+    (["runn", "--method", "fedavg"], "'run'"),
+])
+def test_a_misspelt_name_gets_a_suggestion_in_its_one_line(argv, suggestion, tmp_path, dfbench, monkeypatch):
+    from dfbench import datasets
+
+    monkeypatch.setattr(datasets, "load", REAL_LOAD)  # the name is checked by the real loader, before any file
+    code, out, err = dfbench([*argv, *(["--out", str(tmp_path / "runs")] if argv[0] in ("run", "grid") else [])])
+    assert code == 2
+    line = _one_line(err)
+    assert f"did you mean {suggestion}?" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
 # -- 10. `python -m dfbench` from a checkout, in a Python without the install -----------------------------
 
 def test_python_m_dfbench_without_the_install_says_how_to_reach_it(tmp_path):

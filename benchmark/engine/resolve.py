@@ -19,6 +19,7 @@ every list of them for nothing.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import fields, replace
 from typing import Any, Mapping
 
@@ -73,7 +74,9 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
             sec_cls = type(getattr(cfg, head))
             names = [f.name for f in fields(sec_cls)]
             if rest not in names:
-                raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}")
+                close = difflib.get_close_matches(key, [f"{head}.{n}" for n in names], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown key '{key}'; valid keys in '{head}': {', '.join(f'{head}.{n}' for n in names)}{hint}")
             secs[head][rest] = coerce_value(key, field_type(sec_cls, rest), value)
         elif head in top_names and not rest:
             top[head] = coerce_value(key, field_type(RunConfig, head), value)
@@ -95,9 +98,10 @@ def _check_data(d: Any) -> Any:
     """data.dataset names a built-in dataset or data users bring; the latter is read now (datasets/user_data.py:
     every check of its files runs, a DatasetError names the file) and its digest filled in or, when recorded,
     checked. A built-in dataset records none (its files are pinned by checksum). Returns the data section."""
+    close = difflib.get_close_matches(str(d.dataset).lower(), datasets.DATASETS, n=1)
     require(d.dataset in datasets.DATASETS or datasets.is_user_data(d.dataset), "data.dataset", d.dataset,
             f"{', '.join(datasets.DATASETS)}, or your own data: {', '.join(f'{k}:PATH' for k in datasets.USER_KINDS)} "
-            "(README, 'Bring your own data')")
+            "(docs/your-own-data.md)" + (f"; did you mean {close[0]!r}?" if close else ""))
     if data_kind(d.dataset) is None:
         require(d.sha256 == "", "data.sha256", d.sha256, "'' for the built-in datasets (their files are pinned by checksum)")
         return d

@@ -72,7 +72,11 @@ def expand_names(names: Iterable[str]) -> list[str]:
         wanted = FETCH_NAMES if key == "all" else (key,)
         for k in wanted:
             if k not in FETCH_NAMES:
-                raise ValueError(f"cannot fetch {name!r}: choose from {', '.join(FETCH_NAMES)} or all")
+                import difflib
+
+                close = difflib.get_close_matches(key, [*FETCH_NAMES, "all"], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"cannot fetch {name!r}{hint}: choose from {', '.join(FETCH_NAMES)} or all")
             if k not in out:
                 out.append(k)
     return out

@@ -139,7 +139,9 @@ def resolve_grid(name_or_path: str | Path) -> Path:
         raise FileNotFoundError(f"grid file {p} does not exist")
     shipped = GRIDS_DIR / f"{name_or_path}.toml"
     if not shipped.is_file():
-        raise GridError(f"unknown grid {str(name_or_path)!r}; shipped grids: {', '.join(builtin_grids()) or '(none)'}, or pass a path to a .toml file")
+        close = difflib.get_close_matches(str(name_or_path), builtin_grids(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise GridError(f"unknown grid {str(name_or_path)!r}{hint}; shipped grids: {', '.join(builtin_grids()) or '(none)'}, or pass a path to a .toml file")
     return shipped
 
 

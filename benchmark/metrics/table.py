@@ -209,7 +209,11 @@ def check_requested(chosen: Sequence[str], dataset: str) -> None:
         raise ValueError(f"metrics is empty; pass 'auto' or names from {list(REQUESTABLE)}")
     unknown = [m for m in chosen if m not in REQUESTABLE]
     if unknown:
-        raise ValueError(f"unknown metric(s) {unknown}; choose from {list(REQUESTABLE)}")
+        import difflib
+
+        close = [c for m in unknown for c in difflib.get_close_matches(m, REQUESTABLE, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown metric(s) {unknown}{hint}; choose from {list(REQUESTABLE)}")
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"metric listed twice in {list(chosen)}")
     for name in chosen:
