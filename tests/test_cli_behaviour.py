@@ -209,6 +209,14 @@ def test_fid_without_the_inception_weights_says_which_file_where_and_how_in_one_
         assert needle in line, line
 
 
+def test_fid_of_a_path_that_is_not_there_says_so(tmp_path, dfbench):
+    np.savez(tmp_path / "b.npz", images=np.zeros((8, 28, 28), dtype=np.uint8))
+    code, said, err = dfbench(["fid", str(tmp_path / "a"), str(tmp_path / "b.npz"), "--extractor", "fmnist"])
+    assert code == 2
+    line = _one_line(err)
+    assert f"{tmp_path / 'a'} does not exist" in line, line
+
+
 # -- 5. a finished run whose files do not parse is not done ---------------------------------------------
 
 @pytest.mark.parametrize("name", [runfolder.CONFIG, runfolder.METRICS, runfolder.STATUS])

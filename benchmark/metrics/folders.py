@@ -82,6 +82,8 @@ def load_image_source(source: str | Path) -> torch.Tensor:
         return _png_folder(path)
     if path.is_file() and path.suffix in (".npz", ".npy"):
         return _array_file(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; pass a folder of .png files or an .npz / .npy file")
     raise ValueError(f"{path}: expected a folder of .png files or an .npz / .npy file")
 
 
