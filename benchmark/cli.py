@@ -412,10 +412,10 @@ def eval_summary(path: str | Path, counts: dict[str, int]) -> str:
     checked = (f"{path}: checked {n} run folder(s) for metrics this dfbench scores (and the held-out denoising "
                f"loss) that their {METRICS} lacks")
     if not counts["rescored"] and not counts["skipped"]:
-        return f"{checked}: none lacks any, so nothing needed re-scoring"
+        return f"{checked}: all {n} up to date, nothing needed re-scoring"
     skipped = f", {counts['skipped']} skipped (not finished: `dfbench run` finishes them)" if counts["skipped"] else ""
-    return (f"{checked}: {counts['rescored']} re-scored (the new rows are in their {RESCORED}), "
-            f"{counts['up_to_date']} already complete{skipped}")
+    return (f"{checked}: {counts['rescored']} run(s) rescored (the new rows are in their {RESCORED}), "
+            f"{counts['up_to_date']} up to date{skipped}")
 
 
 def record_drift(path: str | Path, device: str | None) -> None:

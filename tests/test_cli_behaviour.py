@@ -266,6 +266,16 @@ def test_report_on_a_folder_without_runs_says_so_and_writes_nothing(tmp_path, df
     assert not out.exists()
 
 
+def test_eval_of_a_complete_run_says_what_it_checked_and_that_nothing_needed_rescoring(tmp_path, dfbench):
+    argv = _argv(tmp_path / "runs")
+    assert dfbench(argv)[0] == 0
+    code, out, err = dfbench(["eval", str(tmp_path / "runs")])
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"{tmp_path / 'runs'}: checked 1 run folder(s) for metrics") and "metrics.json lacks" in last
+    assert last.endswith("all 1 up to date, nothing needed re-scoring"), last
+
+
 # -- 7. file modes follow the umask ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
