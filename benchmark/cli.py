@@ -324,15 +324,9 @@ def cmd_report(a: argparse.Namespace) -> int:
     # The reporter only reads run folders: it writes nothing into them and computes no drift (that
     # needs the extractors and their weights). A run evaluated before its dense reference finished,
     # and not caught by its grid's last worker, shows no drift; say which command records it.
-    from dfbench.benchmark.core.runfolder import CONFIG
     from dfbench.benchmark.report.claims import ClaimsError
 
-    if not find_run_dirs(a.runs):  # (a missing folder: FileNotFoundError, said by main)
-        print(f"dfbench: error: no run folders under {a.runs} (a run folder holds a {CONFIG}), so there is nothing to "
-              f"report; make runs with `dfbench run --out {a.runs}` or `dfbench grid demo --out {a.runs}`, or pass "
-              f"--runs with the folder that holds them", file=sys.stderr)
-        return 2
-    try:
+    try:  # (no run folder under --runs: FileNotFoundError, said by main in one line, nothing written)
         paths = build_report(a.runs, a.out, target, reference=a.reference, margin=a.margin, claims=a.claims)
     except (ClaimsError, ValueError) as err:  # a bad claims file or margin: said before anything is written
         print(f"error: {err}", file=sys.stderr)

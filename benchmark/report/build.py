@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.report.mosaic import make_mosaic
 from dfbench.benchmark.report.frames import PRIMARY_METRICS, ReportData, aggregate, collect, primary_metric, runs_frame
 from dfbench.benchmark.report.formatting import block_title, blocks, metric_provenance, safe_name
@@ -77,6 +78,10 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         claim_list = load_claims(claims)
     margin = verdicts.MARGIN if margin is None else margin
     verdicts.equivalence_bounds("log", margin, 1.0)  # a bad margin stops it too
+    if not find_run_dirs(root):  # (no folder at all: find_run_dirs raises FileNotFoundError too)
+        raise FileNotFoundError(f"no run folders under {root} (a run folder holds a {runfolder.CONFIG}), so there is "
+                                f"nothing to report and nothing was written; make runs with `dfbench run --out {root}` "
+                                f"or `dfbench grid demo --out {root}`, or report the folder that holds them")
     out.mkdir(parents=True, exist_ok=True)
     data = collect(root, target, reference=reference, margin=margin)
     images: dict[str, Path] = {}
