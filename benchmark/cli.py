@@ -432,6 +432,7 @@ def _extractor_weights(a: argparse.Namespace) -> str | None:
 def cmd_fid(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import fid_between
 
+    check_device(a.device)
     out = fid_between(a.a, a.b, extractor=a.extractor, weights=_extractor_weights(a), device=a.device)
     print(json.dumps(out, indent=2, default=str))
     return 0
@@ -440,6 +441,7 @@ def cmd_fid(a: argparse.Namespace) -> int:
 def cmd_fid_ref(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import get_extractor, reference_stats
 
+    check_device(a.device)
     ex = get_extractor(a.extractor, weights=_extractor_weights(a), device=a.device)
     mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
     print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
@@ -449,6 +451,7 @@ def cmd_fid_ref(a: argparse.Namespace) -> int:
 def cmd_perf(a: argparse.Namespace) -> int:
     from dfbench.benchmark.perf import PerfOptions, parse_counts, run_perf
 
+    check_device(a.device)
     opts = PerfOptions(
         device=a.device, clients=a.clients, steps=a.steps, rounds=a.rounds, batch_size=a.batch_size, preset=a.preset,
         methods=tuple(m for m in a.methods.split(",") if m), fid_images=a.fid_images,

@@ -178,6 +178,15 @@ def test_a_device_that_is_not_there_is_refused_in_one_line_before_any_work(devic
     assert not out.exists()  # refused before any folder
 
 
+@pytest.mark.parametrize("argv", [["fid", "A", "B"], ["fid-ref", "--dataset", "fmnist"], ["perf"]])
+def test_the_other_commands_with_a_device_refuse_one_that_is_not_there(argv, tmp_path, dfbench, monkeypatch):
+    _gpus(monkeypatch, 0)
+    code, said, err = dfbench([*argv, "--device", "cuda"])
+    assert code == 2
+    line = _one_line(err)
+    assert "'cuda'" in line and "--device cpu" in line, line
+
+
 @pytest.mark.parametrize("device,gpus", [("cuda", 0), ("cuda:7", 2)])
 def test_grid_refuses_a_device_that_is_not_there_before_any_cell(device, gpus, tmp_path, dfbench, monkeypatch):
     from helpers import TINY, write_grid
