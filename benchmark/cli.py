@@ -87,7 +87,7 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 
 def cmd_run(a: argparse.Namespace) -> int:
     if not a.dry_run:
-        check_device(a.device)  # before the config: also names the fix for a device dfbench does not know (mps)
+        require_device(a.device)  # before the config: also names the fix for a device dfbench does not know (mps)
     cfg = config_from_args(a)
     if a.dry_run:
         print(json.dumps(cfg.record(), indent=2))
@@ -198,23 +198,20 @@ def run_summary(d: Path, cfg: RunConfig, *, already: bool) -> list[str]:
     return [first, *(score_line(r) for r in head[:-1]), score_line(head[-1]) + more]
 
 
-def check_device(device: str | None) -> None:
+def require_device(device: str | None) -> None:
     """A device this machine lacks, or one dfbench does not compute on, is refused in one line before any
     work (otherwise CUDA fails deep inside: "Found no NVIDIA driver", "invalid device ordinal")."""
     if device is None:
         return
-    from dfbench.benchmark.engine.evaluate import available_devices
+    from dfbench.benchmark.engine.evaluate import available_devices, check_device
 
     have = available_devices()
     kind, _, index = str(device).partition(":")
-    gpus = " (or one of its GPUs)" if len(have) > 1 else ""
+    fix = f"pass --device cpu{' or one of its GPUs' if len(have) > 1 else ''}"
     if kind not in ("cpu", "cuda") or (kind == "cpu" and index):
-        raise ConfigError(f"device {device!r} is not one dfbench computes on (cpu, cuda, cuda:N); this machine has "
-                          f"{', '.join(have)}: pass --device cpu{gpus}")
-    if kind == "cuda" and (len(have) == 1 or (index and f"cuda:{index}" not in have)):
-        raise ConfigError(f"device {device!r} is not available on this machine (it has {', '.join(have)}; "
-                          f"torch.cuda.device_count() = {len(have) - 1}): pass --device cpu{gpus}, or run on a machine "
-                          f"with that GPU")
+        raise ConfigError(f"device {device!r} is not one dfbench computes on (cpu, cuda, cuda:N; this machine has "
+                          f"{', '.join(have)}); {fix}")
+    check_device(device, fix=f"{fix}, or run on a machine with that GPU")
 
 
 @contextlib.contextmanager
@@ -252,7 +249,7 @@ def cmd_grid(a: argparse.Namespace) -> int:
         raise ConfigError("`dfbench grid` runs its cells one after another in one process; under torchrun use "
                           "`dfbench run`, or one grid worker per GPU: `dfbench grid --workers N --device cuda`")
     if not a.dry_run:
-        check_device(a.device)  # (the cells' own devices are checked by the runner, before the first cell)
+        require_device(a.device)  # (the cells' own devices are checked by the runner, before the first cell)
     extra = dict(a.overrides) | ({"device": a.device} if a.device else {})
     grid = load_grid(a.grid, extra=extra)
     shard = parse_shard(a.shard) if a.shard else None
@@ -432,7 +429,7 @@ def _extractor_weights(a: argparse.Namespace) -> str | None:
 def cmd_fid(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import fid_between
 
-    check_device(a.device)
+    require_device(a.device)
     out = fid_between(a.a, a.b, extractor=a.extractor, weights=_extractor_weights(a), device=a.device)
     print(json.dumps(out, indent=2, default=str))
     return 0
@@ -441,7 +438,7 @@ def cmd_fid(a: argparse.Namespace) -> int:
 def cmd_fid_ref(a: argparse.Namespace) -> int:
     from dfbench.benchmark.metrics.scoring import get_extractor, reference_stats
 
-    check_device(a.device)
+    require_device(a.device)
     ex = get_extractor(a.extractor, weights=_extractor_weights(a), device=a.device)
     mu, sigma = reference_stats(a.dataset, a.split, ex, data_root=a.data_root)
     print(f"reference statistics for {a.dataset}/{a.split} with {ex.name}: mean {mu.shape}, covariance {sigma.shape} (cached)")
@@ -451,7 +448,7 @@ def cmd_fid_ref(a: argparse.Namespace) -> int:
 def cmd_perf(a: argparse.Namespace) -> int:
     from dfbench.benchmark.perf import PerfOptions, parse_counts, run_perf
 
-    check_device(a.device)
+    require_device(a.device)
     opts = PerfOptions(
         device=a.device, clients=a.clients, steps=a.steps, rounds=a.rounds, batch_size=a.batch_size, preset=a.preset,
         methods=tuple(m for m in a.methods.split(",") if m), fid_images=a.fid_images,
