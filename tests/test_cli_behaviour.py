@@ -62,9 +62,10 @@ def dfbench(tiny_data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         return code, said.out, said.err
 
     yield call
+    left = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
     for s, h in handlers.items():
-        assert signal.getsignal(s) == h, f"dfbench left its {signal.Signals(s).name} handler installed"
         signal.signal(s, h)
+    assert not left, f"dfbench left its {', '.join(left)} handler(s) installed"
 
 
 def _one_line(err: str) -> str:
@@ -106,6 +107,7 @@ def test_run_ends_with_its_scores_and_its_folder_and_says_when_it_was_already_do
     assert "kid_fmnist" not in text and "1 more metric" in text
 
 
+@pytest.mark.slow  # trains (about 2 s with the first imports)
 def test_a_fresh_run_ends_with_what_it_did_and_its_folder(tmp_path, dfbench):
     argv = _argv(tmp_path / "runs")
     code, out, err = dfbench(argv)
