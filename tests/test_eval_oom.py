@@ -79,8 +79,8 @@ def test_dfbench_eval_out_of_memory_names_the_eval_batches_and_keeps_the_run_as_
     real, batches = scoring.evaluate_samples, []
 
     def evaluate_samples(*a, **kw):  # feature extraction runs out of memory at batch 256
-        batches.append(kw["batch_size"])
-        if kw["batch_size"] > 128:
+        batches.append(kw["options"].batch_size)
+        if kw["options"].batch_size > 128:
             raise torch.cuda.OutOfMemoryError(CUDA_SAID)
         return real(*a, **kw)
 
