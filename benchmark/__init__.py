@@ -1,4 +1,4 @@
-"""dfbench's engine, in sub-packages by role. The layers, lowest first (tests/test_imports.py LAYERS; a module
+"""dfbench's engine, in sub-packages by role. The layers, lowest first (tests/unit/test_imports.py LAYERS; a module
 imports only from its own layer or below):
 
 0 datasets (dfbench.datasets), 1 core (config, run folders, seeds, locks, the preset table),

@@ -46,7 +46,7 @@ same labels (both of Flower's seeds are the run's partition seed S, as both defa
 Flower): the rows are first shuffled by ``default_rng(S).permutation(n)`` (Hugging Face
 ``Dataset.shuffle``), then partitioned with the partitioner's own ``default_rng(S)``, making the
 same numpy calls in the same order, so the client index sets are identical to flwr-datasets' 0.6.1
-(tests/test_partitioners_flwr.py checks this against flwr-datasets itself). Only the order of the
+(tests/unit/test_partitioners_flwr.py checks this against flwr-datasets itself). Only the order of the
 samples inside a client (Flower's ``shuffle``) is not reproduced; dfbench's indices are sorted.
 
 ``flwr:iid``

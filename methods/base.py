@@ -14,7 +14,7 @@ Round r, as the round (benchmark/engine/training.py) sees a method (every hook h
 Here `ctx` is the run's context at round r (`ctx.at_round(r, weight)`: its `round_state` holds the
 round, the summed n_k of its clients and its lr); the context is frozen, so no hook and no driver
 assigns to it. Every hook, capability and value of the protocol is listed in docs/architecture.md, "The method
-protocol", which tests/test_protocol_docs.py checks against this file.
+protocol", which tests/results/test_protocol_docs.py checks against this file.
 
 What a method may ask of the shared local step is a `LocalStep` (mask, proximal term,
 objective, the network to train, a step correction): typed fields with a general meaning,

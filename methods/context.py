@@ -1,7 +1,7 @@
 """What a method sees of the run: the protocol its hooks are typed against (`MethodContext`).
 
 The methods own this protocol; the engine's `RunContext` (benchmark/engine/context.py) satisfies it
-(tests/test_protocol.py checks every member), so a method imports nothing of the engine, not even to
+(tests/runs/test_protocol.py checks every member), so a method imports nothing of the engine, not even to
 type its hooks, and the methods sit below the engine in the layers. A member a method needs is added
 here first, then to RunContext. Every member is read-only: the context is a value (a driver hands the
 hooks `ctx.at_round(r, weight)`, a copy carrying the round's state).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch the 2-rank gloo run of tests/test_distributed.py (its worker mode, with the environment
+# Launch the 2-rank gloo run of tests/runs/test_distributed.py (its worker mode, with the environment
 # torchrun gives its workers) N times and count how each launch ended. Every launch must end
 # with exit codes "0 0"; the old shutdown race ended some with rank 0 killed by SIGABRT
 # ("terminate called without an active exception", exit code 134 / -6) after all jobs returned.
@@ -23,7 +23,7 @@ for i in $(seq 1 "${N}"); do
     for rank in 0 1; do
         MASTER_ADDR=127.0.0.1 MASTER_PORT=${PORT} RANK=${rank} LOCAL_RANK=${rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 \
         DFBENCH_DIST_TIMEOUT=60 OMP_NUM_THREADS=1 PYTHONPATH="${ROOT}/tests:${PYTHONPATH:-}" \
-            timeout 300 "${PY}" "${ROOT}/tests/test_distributed.py" "${SPEC}" > "${WORK}/rank${rank}.log" 2>&1 &
+            timeout 300 "${PY}" "${ROOT}/tests/runs/test_distributed.py" "${SPEC}" > "${WORK}/rank${rank}.log" 2>&1 &
         pids+=($!)
     done
     codes=()

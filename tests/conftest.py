@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from dfbench.datasets import ImageSet
+
+# tests/unit, tests/runs and tests/results import what they share from tests/helpers.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def make_imageset(n: int = 256, channels: int = 1, size: int = 28, seed: int = 0) -> ImageSet:
@@ -42,9 +48,10 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     torch.set_num_threads(1)
 
 
-# -- the tiers: `make test` runs everything, `make test-fast` (-m "not slow") the unit tier ---------
-# A new test lands in the fast tier unless marked `slow`; a fast-tier run names the unmarked tests
-# that took long enough to belong in the slow tier, so the tier stays under its 2 minutes.
+# -- the tiers: tests/unit, tests/runs, tests/results (docs/testing.md); `make test` runs all three,
+# `make test-fast` (-m "not slow") the tests not marked slow in every tier. A new test is fast unless
+# marked `slow`; a fast run names the unmarked tests that took long enough to be marked, so
+# `make test-fast` stays under its 2 minutes.
 
 SLOW_HINT_S = 5.0
 _unmarked_seconds: dict[str, float] = {}

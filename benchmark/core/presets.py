@@ -14,7 +14,7 @@ its check of train.model, the model factory's arguments (engine/model.py `build_
 planner's costs (grid/plan.py), what `auto` resolves to per dataset (`AUTO`), and the facts config
 validation checks before any work -- the family, what it needs installed, which image sides its
 down-sampling takes, whether the network can be rebuilt at another width. No other module lists
-preset names (tests/test_presets.py checks it). This module is core: no torch, no diffusers import.
+preset names (tests/unit/test_presets.py checks it). This module is core: no torch, no diffusers import.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ step computes all G clients' gradients at once with
 shared model. Everything after the gradient (pruning masks, the FedProx term, per-client
 gradient clipping, Adam, the sigma_1^2 probe) is plain tensor maths on [G, P] rows.
 
-The result equals the sequential mode within float tolerance (tests/test_batched.py):
+The result equals the sequential mode within float tolerance (tests/runs/test_batched.py):
 
 - Random numbers: client k draws from its own generator `ctx.gen("client", r, k)`, in the
   same order as the sequential step (per step: batch indices, then the objective's time,

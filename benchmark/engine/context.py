@@ -3,7 +3,7 @@
 Data, layout, clients and their capacities; seeded generators; the objectives, samplers and
 the velocity-space ODE; the run's network (and the same architecture at another width). The
 methods type their hooks against their own protocol, `methods.MethodContext` (methods/context.py),
-which RunContext satisfies (tests/test_protocol.py): a method imports nothing from the engine.
+which RunContext satisfies (tests/runs/test_protocol.py): a method imports nothing from the engine.
 
 The context is a value: built once per run by `build_context` (the life cycle adds the run's
 mechanisms when it builds it), and never assigned to afterwards (a frozen dataclass; the tensors

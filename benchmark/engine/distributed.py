@@ -17,7 +17,7 @@ One run on W ranks (torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
 
 Every random stream depends on (seed, round, client) only (benchmark.core.seeds), so W ranks
 compute the single-process run; only the order in which the sums are added differs
-(last-bit float differences, see tests/test_distributed.py).
+(last-bit float differences, see tests/runs/test_distributed.py).
 
 With world size 1 (no process group) every function is a no-op, so the single-process
 path is the same code. Backends: NCCL when the run's device is CUDA (each rank on

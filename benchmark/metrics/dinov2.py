@@ -28,7 +28,7 @@ positions use that scale factor, so the offset changes the values; the CLS posit
 Preprocessing replicates dgm-eval's default path (torchvision's Resize on a PIL uint8 image, then
 ToTensor): PIL resamples 8-bit images in two passes, horizontal then vertical, rounding and clipping
 to 0..255 after each; the bicubic kernel is PIL's (a = -0.5), which is torch's antialiased bicubic.
-Measured against PIL on random 32x32 images: at most one grey level apart (tests/test_dinov2.py).
+Measured against PIL on random 32x32 images: at most one grey level apart (tests/unit/test_dinov2.py).
 """
 
 from __future__ import annotations

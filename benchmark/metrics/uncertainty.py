@@ -17,7 +17,7 @@ Interval convention (recorded with every interval, see `Interval.method`):
 (Davison & Hinkley 1997, eq. 5.6). The plug-in Frechet distance is biased
 upwards by O(d / n); the percentile interval inherits that bias twice (once in
 t, once in the replicates) and under-covers the true distance, while the basic
-interval subtracts it to first order -- measured in tests/test_uncertainty.py.
+interval subtracts it to first order -- measured in tests/unit/test_uncertainty.py.
 So the interval is for the distance itself and can lie below the (biased) plug-in
 value when the bias dominates, e.g. 400 samples in 128-d; it is clipped at 0.
 """

@@ -55,7 +55,7 @@ Verdict = Literal["better", "worse", "equivalent", "inconclusive"]
 VERDICTS: tuple[str, ...] = ("better", "worse", "equivalent", "inconclusive")
 
 
-# -- the statistics, each on a fixed array (tests/test_verdicts.py checks them against scipy / statsmodels) --
+# -- the statistics, each on a fixed array (tests/unit/test_verdicts.py checks them against scipy / statsmodels) --
 
 def transform(values: Sequence[float] | np.ndarray, scale: Scale) -> np.ndarray:
     """The values on the scale they are compared on (natural log for "log"). ValueError for a value

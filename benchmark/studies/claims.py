@@ -11,7 +11,7 @@ block, and refreshes every include block of the README::
     <!-- include: end -->
 
 so that no table a README shows is typed by hand. ``--check`` writes nothing and exits 1 naming
-each block that differs from what the CSVs give (tests/test_readme_numbers.py runs it on every study).
+each block that differs from what the CSVs give (tests/results/test_readme_numbers.py runs it on every study).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ writes only paper_rules.* and rule_choice.md: each family's inference rule with 
 metric over its keep ratios (the held-out seed's grid, paper-fmnist-rules.toml, chooses the rules
 the study then uses; a rule is never chosen per run from the score it is judged by).
 
-FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests/test_pruning.py).
+FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests/unit/test_pruning.py).
 """
 
 from __future__ import annotations
