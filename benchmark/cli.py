@@ -25,7 +25,7 @@ def _kv(text: str) -> tuple[str, Any]:
 def add_run_args(p: argparse.ArgumentParser) -> None:
     d, t, e = DataConfig(), TrainConfig(), EvalConfig()
     p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] "
-                   f"(your own data: README, 'Bring your own data'; default {d.dataset})")
+                   f"(your own data: docs/your-own-data.md; default {d.dataset})")
     p.add_argument("--method", default="fedavg", help="a registered method (see `dfbench methods`)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=d.clients)
@@ -72,7 +72,7 @@ def add_plugin_args(p: argparse.ArgumentParser) -> None:
                    help="import MODULE first: its @register_method classes become methods (repeatable). Also "
                         "loaded: the modules in $DFBENCH_PLUGINS (comma-separated) and every installed "
                         "entry point of the group \"dfbench.methods\". Grid workers and torchrun ranks load the same; "
-                        "a run whose method came from a plugin names it in its plugin.json (README 'Adding a method')")
+                        "a run whose method came from a plugin names it in its plugin.json (docs/adding-a-method.md)")
 
 
 def _log_names(a: argparse.Namespace) -> tuple[str, ...]:

@@ -572,7 +572,7 @@ def user_data_info(name: str) -> dict:
         "env_var": None,
         "cache_dir": None,
         "urls": [],
-        "how_to_get": f"your own data: {_syntax()} (README, 'Bring your own data')",
+        "how_to_get": f"your own data: {_syntax()} (docs/your-own-data.md)",
     }
 
 

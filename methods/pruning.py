@@ -364,7 +364,7 @@ class RandomPrune(_SubModelPruning):
     @dataclass(frozen=True)
     class Config(PruneConfig):
         METHOD: ClassVar[str] = "random_prune"
-        # measured (README, Pruning): sampling the full model doubles pre-activations the clients
+        # measured (docs/methods.md, pruning): sampling the full model doubles pre-activations the clients
         # never saw; the weight-scaling rule matches the sub-models' mean output
         inference: Inference = "scaled"
 

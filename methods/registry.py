@@ -59,7 +59,7 @@ def get_method_class(name: str) -> type[Method]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods())} (a method from "
                        "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
-                       "README 'Adding a method')")
+                       "docs/adding-a-method.md)")
     return _REGISTRY[name]
 
 
