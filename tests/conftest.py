@@ -49,7 +49,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 # -- the tiers: tests/unit, tests/runs, tests/results (docs/testing.md); `make test` runs all three,
-# `make test-fast` (-m "not slow") the tests not marked slow in every tier. A new test is fast unless
+# `make test-fast` (-m "not slow") the tests not marked slow in every tier; both on TEST_WORKERS processes. A new test is fast unless
 # marked `slow`; a fast run names the unmarked tests that took long enough to be marked, so
 # `make test-fast` stays under its 2 minutes.
 
