@@ -53,6 +53,7 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
     ``plugins``: modules that register methods from outside dfbench (``--plugin``), loaded first
     with $DFBENCH_PLUGINS and the installed entry points (methods/plugins.py).
     """
+    from dfbench.benchmark.engine.evaluate import check_device
     from dfbench.benchmark.engine.lifecycle import OutOfMemory, free_gpu_memory, run as run_loop
     from dfbench.benchmark.tracking import parse_trackers
     from dfbench.methods.plugins import load_plugins
@@ -60,6 +61,8 @@ def run(config: RunConfig | None = None, *, out: str | Path = "results/runs", fo
     load_plugins([plugins] if isinstance(plugins, str) else plugins)  # before the config names their methods
     trackers = parse_trackers(log)  # an unknown tracker: refused before any work
     cfg = make_config(config, **settings) if (settings or config is None) else config
+    # a device this machine lacks: one ConfigError before any work (not CUDA's error deep inside)
+    check_device(cfg.device, fix="pass device='cpu', or run on a machine with that GPU")
     if download:
         from dfbench.benchmark.grid.fetch import fetch_for_configs
 

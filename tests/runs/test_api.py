@@ -180,3 +180,14 @@ def test_load_runs_on_an_empty_root_and_a_missing_one(tmp_path: Path) -> None:
     assert frame.empty and {"run_id", "method", "metric", "value"} <= set(frame.columns)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         dfbench.load_runs(tmp_path / "missing")
+
+
+def test_run_refuses_a_device_this_machine_lacks_before_any_work(tmp_path: Path, monkeypatch) -> None:
+    # before: CUDA failed deep inside the run ("Found no NVIDIA driver"), after the data had loaded
+    def no_work(*a, **kw):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(lifecycle, "run", no_work)
+    with pytest.raises(ConfigError, match=r"device 'cuda:99' is not available on this machine .*device='cpu'"):
+        dfbench.run(out=tmp_path, rounds=1, device="cuda:99")
+    assert not any(tmp_path.iterdir())  # nothing written
