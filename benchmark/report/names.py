@@ -52,13 +52,11 @@ def headline_params(method: str) -> tuple[str, ...]:
 
 def reference_method() -> str:
     """The registered method that declares itself the default reference (`Method.reference`: FedAvg),
-    what a report compares every setting with when told no other."""
-    from dfbench.methods.registry import get_method_class, list_methods
+    what a report compares every setting with when told no other: the registry's answer (imported
+    late, so that reading a leaderboard CSV imports no method)."""
+    from dfbench.methods.registry import reference_method as registered
 
-    found = [m for m in list_methods() if vars(get_method_class(m)).get("reference") is True]
-    if len(found) != 1:
-        raise RuntimeError(f"exactly one registered method must declare reference = True, found {found or 'none'}")
-    return found[0]
+    return registered()
 
 
 def same(a: Any, b: Any) -> bool:
