@@ -90,19 +90,19 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	@# CPU results depend on torch's intra-op thread count: one thread per worker, as for the
 	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims benchmark/grid/builtin/paper-fmnist.claims.toml && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist/paper-fmnist.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims results/paper-fmnist/paper-fmnist.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
 bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0.5 at 14/28 rounds on small28/small32, 6 seeds (~3.5 h on 2 cores; reuses bench-paper-fmnist's runs), results in results/paper-fmnist-budget/
 	@# the small28 / 14-round cells are paper-fmnist's own runs (same run ids): copied in when that study has run
-	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid paper-fmnist-budget --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-budget --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims benchmark/grid/builtin/paper-fmnist-budget.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid results/paper-fmnist-budget/paper-fmnist-budget.toml --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist-budget/paper-fmnist-budget.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims results/paper-fmnist-budget/paper-fmnist-budget.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.budget_width results/paper-fmnist-budget && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid paper-fmnist-rules --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist/rules/paper-fmnist-rules.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
 	$(BIN)/python scripts/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
@@ -113,12 +113,12 @@ bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at ke
 bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~45 min on 2 cores), results in results/cpu-aggregation/
 	@# one torch thread per worker, as for the committed numbers; the server learning rates in the
 	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation --claims benchmark/grid/builtin/cpu-aggregation.claims.toml && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-aggregation/cpu-aggregation.toml --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation --claims results/cpu-aggregation/cpu-aggregation.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
 
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-aggregation-tune --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-aggregation/tune/cpu-aggregation-tune.toml --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/tune-runs --out results/cpu-aggregation/tune && exit $$status
 
 bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under candidate recipes (seeds 7-10, ~45 min on 2 cores), results in results/cpu-recipe/
@@ -132,28 +132,28 @@ bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under
 bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simulated clock: sync/deadline/pruning/HeteroFL/FedBuff, 3 seeds (~45 min on 2 cores), results in results/cpu-stragglers/
 	@# one torch thread per worker, as for the committed numbers; the pruning cells' inference rule
 	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-stragglers --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers --claims benchmark/grid/builtin/cpu-stragglers.claims.toml && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-stragglers/cpu-stragglers.toml --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers --claims results/cpu-stragglers/cpu-stragglers.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-stragglers && exit $$status
 
 bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
 	@# one torch thread per worker, as for the committed numbers
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-compression --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression --claims benchmark/grid/builtin/cpu-compression.claims.toml && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-compression/cpu-compression.toml --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression --claims results/cpu-compression/cpu-compression.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
 	$(BIN)/python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
 
 bench-cpu-experts: $(VENV)/.installed ## DDM's routing claim: top-1 vs the full mixture of the same K = 2 experts on paper-fmnist's CPU recipe, 6 seeds (~25 min on 2 cores), results in results/cpu-experts/
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-experts --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims benchmark/grid/builtin/cpu-experts.claims.toml && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-experts/cpu-experts.toml --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims results/cpu-experts/cpu-experts.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-experts && exit $$status
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
-	@# held-out seed 7 (the comments of benchmark/grid/builtin/cpu-privacy.toml)
-	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid cpu-privacy --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims benchmark/grid/builtin/cpu-privacy.claims.toml && \
+	@# held-out seed 7 (the comments of results/cpu-privacy/cpu-privacy.toml)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-privacy/cpu-privacy.toml --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims results/cpu-privacy/cpu-privacy.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-privacy && exit $$status
 
@@ -177,14 +177,14 @@ bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at 
 GPU_DEVICE ?= cuda
 CIFAR10_GPU_DRY = $(findstring n,$(firstword -$(MAKEFLAGS)))
 bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR-10 for one GPU: DDPM's UNet, FedAvg vs random / top-k at keep 0.75/0.5/0.25, FID + KID on 10k samples, 3-10 seeds (60 cells, ~27 GPU-hours on an H200, estimated), results in results/cifar10-gpu/
-	+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan cifar10-gpu --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
+	+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
-	$(BIN)/dfbench grid cifar10-gpu --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cifar10-gpu/runs --out results/cifar10-gpu --claims benchmark/grid/builtin/cifar10-gpu.claims.toml && \
+	$(BIN)/dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cifar10-gpu/runs --out results/cifar10-gpu --claims results/cifar10-gpu/cifar10-gpu.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/cifar10-gpu/runs --out results/cifar10-gpu && exit $$status
 
 bench-cifar10-gpu-plan: $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed) ## bench-cifar10-gpu's preflight and plan only (exit 0): what this machine lacks and where to get it, the cells, the GPU-hours (measured on a GPU, else estimated), the seeds each claim needs
-	$(BIN)/python -m dfbench.benchmark.studies.gpu_plan cifar10-gpu --device $(GPU_DEVICE) --dry-run
+	$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) --dry-run
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)

@@ -541,13 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="equivalence margin as a fraction of the reference's score (default 0.1: within ±10%% is "
                           "'equivalent' when two one-sided tests say so)")
     rep.add_argument("--claims", metavar="FILE",
-                     help="a study's claims file (benchmark/grid/builtin/<grid>.claims.toml): writes claims.md / "
+                     help="a study's claims file (results/<study>/<study>.claims.toml): writes claims.md / "
                           "claims.csv, each claim decided from the runs, and quotes the table into --out's README.md "
                           "where it has the claims block")
     add_plugin_args(rep)
     rep.set_defaults(func=cmd_report)
 
-    g = sub.add_parser("grid", help="run a grid of runs (benchmark/grid/builtin/NAME.toml or a file); resumes, skips done cells",
+    g = sub.add_parser("grid", help="run a grid of runs (a shipped grid's NAME or a file, e.g. results/<study>/<study>.toml); resumes, skips done cells",
                        description="Run every cell of a grid. A rerun runs missing and unfinished cells (resuming "
                                    "from their checkpoints), skips done and diverged ones, and lists failed ones. "
                                    "Several processes started on the same --out without --shard are cooperating "

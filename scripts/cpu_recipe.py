@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "cpu-recipe"
 
-# The paper-fmnist FedAvg cell (benchmark/grid/builtin/paper-fmnist.toml) without its rounds, as
+# The paper-fmnist FedAvg cell (results/paper-fmnist/paper-fmnist.toml) without its rounds, as
 # it was before this measurement: uniform times (pinned: the default is now auto = logit_normal
 # for flow matching, which this table chose) and batch 32.
 BASE: dict[str, Any] = {

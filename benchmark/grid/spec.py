@@ -1,6 +1,6 @@
 """Grid files: one TOML file -> validated cells (the specs; running them: benchmark/grid/runner.py).
 
-A grid file (benchmark/grid/builtin/NAME.toml, or any path):
+A grid file (benchmark/grid/builtin/NAME.toml, shipped; or any path, e.g. a study's results/STUDY/STUDY.toml):
 
     name = "demo"
     description = "..."

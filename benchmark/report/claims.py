@@ -1,6 +1,6 @@
 """Claims generated from the data: a study declares what it claims, the report decides each from its runs.
 
-A study's claims file sits next to its grid (``benchmark/grid/builtin/<grid>.claims.toml``)::
+A study's claims file sits next to its grid, in the study's results folder (``results/<study>/<study>.claims.toml``)::
 
     margin = 0.10                  # equivalence margin, a fraction of B's score (default 0.10)
     metric = "fd_fmnist"           # default metric (default: the report's ranking metric)

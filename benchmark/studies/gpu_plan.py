@@ -445,6 +445,7 @@ class StudyPlan:
     reference_seconds: float  # the reference statistics, once per extractor
     reference_images: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    source: str = ""  # the grid file, as a command line in the repository root names it
 
     @property
     def seconds(self) -> float:
@@ -497,7 +498,9 @@ def plan_study(grid: Grid, throughput: Throughput, *, dinov2_available: bool = T
     ref_seconds = sum(n * ms[key.split(":")[0]] / 1000 for key, n in reference.items() if math.isfinite(ms[key.split(":")[0]]))
     if not math.isfinite(throughput.dinov2_ms) and any("dinov2" in c.feature_images for c in cells):
         notes.append("DINOv2 feature time not measured: not included")
-    return StudyPlan(grid.name, cells, throughput, ref_seconds, reference, notes)
+    source = Path(grid.source).resolve()
+    shown = str(source.relative_to(ROOT)) if source.is_relative_to(ROOT) else grid.source
+    return StudyPlan(grid.name, cells, throughput, ref_seconds, reference, notes, shown)
 
 
 # -- seeds ------------------------------------------------------------------------------------------
@@ -677,7 +680,7 @@ def render_plan(plan: StudyPlan, model: str, stand_in: str | None) -> str:
     word = "measured" if t.measured else "ESTIMATED (not measured here)"
     lines.append(f"  => {plan.hours:.1f} GPU-hours on one {t.device}, {word}")
     if not t.measured:
-        lines.append(f"     measure it: on the GPU machine `python -m dfbench.benchmark.studies.gpu_plan {plan.grid} --dry-run` "
+        lines.append(f"     measure it: on the GPU machine `python -m dfbench.benchmark.studies.gpu_plan {plan.source or plan.grid} --dry-run` "
                      f"(`make bench-{plan.grid}-plan`) times this grid's own network there; `--save FILE` keeps the "
                      "figures for a later `--throughput FILE`; `make gpu-check` checks the machine as a whole")
         if model != STATED_MODEL:
@@ -722,7 +725,7 @@ def render(grid: Grid, checks: Sequence[Check], plan: StudyPlan, model: str, sta
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.gpu_plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("grid", help="a shipped grid name (e.g. cifar10-gpu) or a grid file")
+    p.add_argument("grid", help="a study's grid file (e.g. results/cifar10-gpu/cifar10-gpu.toml) or a shipped grid's name")
     p.add_argument("--device", default="cuda", help="the device the study runs on (default cuda)")
     p.add_argument("--dry-run", action="store_true", help="print the preflight and plan and exit 0 whatever is missing")
     p.add_argument("--data-root", default=None, help="look for the dataset here (as the grid's data.root)")

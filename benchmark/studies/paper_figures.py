@@ -3,7 +3,7 @@
     python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist
 
 reads the finished runs of a pruning grid (random_prune / topk_prune at several keep ratios,
-FedAvg, the untrained baseline; `benchmark/grid/builtin/paper-fmnist.toml`) and writes
+FedAvg, the untrained baseline; `results/paper-fmnist/paper-fmnist.toml`) and writes
 
 - paper_claims.md: the paper's claims C1-C4 checked against those numbers;
 - paper_summary.csv / .md: per (family, keep ratio) the mean over seeds (the metric's: a geometric mean,

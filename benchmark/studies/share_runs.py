@@ -1,6 +1,6 @@
 """Copy another study's finished run folders that are cells of a grid, so the grid does not train them again.
 
-    python -m dfbench.benchmark.studies.share_runs --grid paper-fmnist-budget \
+    python -m dfbench.benchmark.studies.share_runs --grid results/paper-fmnist-budget/paper-fmnist-budget.toml \
         --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
 
 A run id is the hash of everything that decides a result (benchmark/core/schema.py), so a finished run

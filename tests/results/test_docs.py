@@ -181,7 +181,7 @@ def test_the_gpu_study_plan_the_scale_out_page_quotes() -> None:
     """docs/scale-out.md: the cifar10-gpu grid and its GPU-hours from the stated per-image costs."""
     from dfbench.benchmark.studies import gpu_plan
 
-    grid, model, _, _ = gpu_plan.load_study_grid("cifar10-gpu")
+    grid, model, _, _ = gpu_plan.load_study_grid(str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml"))
     cells = grid.cells
     trained = [c for c in cells if c.cfg.train.rounds > 0]
     assert model == "diffusers-ddpm-cifar10" and len(cells) == 60 and len(trained) == 50

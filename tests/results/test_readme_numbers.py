@@ -39,12 +39,15 @@ def test_generated_blocks_are_what_the_csvs_give(readme):
 
 
 def test_every_study_reported_under_the_verdicts_quotes_its_claims():
-    """A grid's claims file (NAME.claims.toml) is decided by its study results/NAME/ once that study has been
-    reported under the verdicts (it has runs.csv); a study that has not been re-run since keeps its older
-    page until it is, and says nothing generated."""
+    """A grid's claims file (NAME.claims.toml, in its study's folder results/NAME/ or shipped) is decided by that
+    study once it has been reported under the verdicts (it has runs.csv); a study that has not been re-run since
+    keeps its older page until it is, and says nothing generated."""
     quoted = {study_claims.claims_file_of(r.parent).resolve() for r in READMES if study_claims.claims_file_of(r.parent)}
-    for claims_file in sorted((ROOT / "benchmark" / "grid" / "builtin").glob("*.claims.toml")):
-        study = ROOT / "results" / claims_file.name.removesuffix(".claims.toml")
+    shipped = sorted((ROOT / "benchmark" / "grid" / "builtin").glob("*.claims.toml"))
+    homed = sorted((ROOT / "results").glob("*/*.claims.toml"))  # a study's own, in its results folder
+    assert homed, "no results/<study>/<study>.claims.toml found"
+    for claims_file in shipped + homed:
+        study = claims_file.parent if claims_file in homed else ROOT / "results" / claims_file.name.removesuffix(".claims.toml")
         if (study / "runs.csv").is_file():
             assert claims_file.resolve() in quoted, f"{claims_file.name}: {study} has runs.csv but no claims.md made from it"
     for readme in READMES:

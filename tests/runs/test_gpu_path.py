@@ -74,10 +74,10 @@ def test_a_generator_lives_on_the_runs_device_and_cpu_runs_draw_as_before(tiny_d
 
 @pytest.mark.parametrize("study,csv", [
     ("demo", "results/demo/reference/leaderboard.csv"),
-    ("paper-fmnist", "results/paper-fmnist/leaderboard.csv"),
-    ("cpu-aggregation", "results/cpu-aggregation/leaderboard.csv"),
-    ("cpu-aggregation-tune", "results/cpu-aggregation/tune/leaderboard.csv"),
-    ("paper-fmnist-rules", "results/paper-fmnist/rules/leaderboard.csv"),
+    ("results/paper-fmnist/paper-fmnist.toml", "results/paper-fmnist/leaderboard.csv"),
+    ("results/cpu-aggregation/cpu-aggregation.toml", "results/cpu-aggregation/leaderboard.csv"),
+    ("results/cpu-aggregation/tune/cpu-aggregation-tune.toml", "results/cpu-aggregation/tune/leaderboard.csv"),
+    ("results/paper-fmnist/rules/paper-fmnist-rules.toml", "results/paper-fmnist/rules/leaderboard.csv"),
     ("results/cpu-recipe/demo-tune.toml", "results/cpu-recipe/demo-tune/leaderboard.csv"),
 ])
 def test_the_committed_cpu_studies_keep_their_run_ids(study, csv):

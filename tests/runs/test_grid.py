@@ -404,13 +404,14 @@ def test_the_held_out_grid_of_paper_fmnist_has_its_setting_key_for_key():
     same keep ratios, and no seed of the study."""
     import tomllib
 
-    builtin = Path(S.__file__).parent / "builtin"
-    study, held_out = (tomllib.loads((builtin / f"{n}.toml").read_text()) for n in ("paper-fmnist", "paper-fmnist-rules"))
+    home = Path(S.__file__).resolve().parents[2] / "results" / "paper-fmnist"
+    study_file, held_out_file = home / "paper-fmnist.toml", home / "rules" / "paper-fmnist-rules.toml"
+    study, held_out = (tomllib.loads(f.read_text()) for f in (study_file, held_out_file))
     assert (held_out["base"].pop("eval.samples"), study["base"].pop("eval.samples")) == (1000, 400)
     assert held_out["base"] == study["base"]
     def pruning(grid: dict) -> list[tuple[str, float]]:  # (family, keep ratio); the rule the study chose may differ
         return [(name, params["keep_ratio"]) for name, params in map(S.parse_method, grid["axes"]["method"]) if "prune" in name]
 
     assert pruning(held_out) == pruning(study) and len(pruning(study)) == 6
-    seeds = {c.cfg.seed for c in S.load_grid("paper-fmnist-rules").cells}
-    assert seeds == {7} and not seeds & {c.cfg.seed for c in S.load_grid("paper-fmnist").cells}
+    seeds = {c.cfg.seed for c in S.load_grid(held_out_file).cells}
+    assert seeds == {7} and not seeds & {c.cfg.seed for c in S.load_grid(study_file).cells}

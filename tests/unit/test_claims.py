@@ -171,10 +171,10 @@ def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tm
     from dfbench.benchmark.report import claims as C
 
     root = Path(C.__file__).resolve().parents[2]
-    inside = root / "benchmark" / "grid" / "builtin" / "paper-fmnist.claims.toml"
-    assert C._shown_path(inside) == "benchmark/grid/builtin/paper-fmnist.claims.toml"
-    assert C._shown_path("benchmark/grid/builtin/paper-fmnist.claims.toml") == "benchmark/grid/builtin/paper-fmnist.claims.toml"
+    inside = root / "results" / "paper-fmnist" / "paper-fmnist.claims.toml"
+    assert C._shown_path(inside) == "results/paper-fmnist/paper-fmnist.claims.toml"
+    assert C._shown_path("results/paper-fmnist/paper-fmnist.claims.toml") == "results/paper-fmnist/paper-fmnist.claims.toml"
     assert C._shown_path(tmp_path / "x.claims.toml") == (tmp_path / "x.claims.toml").as_posix()  # outside: as given
     runs = study_claims.read_runs(root / "results" / "paper-fmnist")
     C.write_claims(runs, inside, tmp_path, study_claims._primary(runs))
-    assert "From `benchmark/grid/builtin/paper-fmnist.claims.toml`." in (tmp_path / "claims.md").read_text()
+    assert "From `results/paper-fmnist/paper-fmnist.claims.toml`." in (tmp_path / "claims.md").read_text()

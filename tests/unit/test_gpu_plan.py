@@ -22,6 +22,7 @@ from dfbench.datasets import data_info
 from helpers import tiny_config, write_grid
 
 ROOT = Path(__file__).resolve().parents[2]
+GRID = str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml")  # the study's grid, in its results folder
 INCEPTION_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
 DINOV2_URL = "https://dl.fbaipublicfiles.com/dinov2/dinov2_vitl14/dinov2_vitl14_pretrain.pth"
 
@@ -52,7 +53,7 @@ def no_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_everything_missing_is_reported_together_with_what_to_fetch(bare_machine):
-    grid, model, problems, stand_in = G.load_study_grid("cifar10-gpu", "cuda")
+    grid, model, problems, stand_in = G.load_study_grid(GRID, "cuda")
     # diffusers "missing": this checkout cannot validate the grid's model, so it is planned with a stand-in
     assert model == "diffusers-ddpm-cifar10" and stand_in == G.STAND_IN_MODEL and problems == []
     checks = {c.name.split(",")[0].split(" (")[0]: c for c in
@@ -73,14 +74,14 @@ def test_everything_missing_is_reported_together_with_what_to_fetch(bare_machine
 
 
 def test_the_dry_run_exits_0_with_the_plan_and_the_real_run_stops_before_any_cell(bare_machine, capsys):
-    assert G.main(["cifar10-gpu", "--dry-run", "--data-root", str(bare_machine)]) == 0
+    assert G.main([GRID, "--dry-run", "--data-root", str(bare_machine)]) == 0
     out = capsys.readouterr().out
     for needle in ("preflight (what this machine has)", "plan: 60 cells (50 trained, 10 untrained) of diffusers-ddpm-cifar10",
                    f"planned with {G.STAND_IN_MODEL} in its place", "GPU-hours on one NVIDIA H200, ESTIMATED (not measured here)",
                    "times this grid's own network there", "make gpu-check", "seeds: each claim of cifar10-gpu.claims.toml",
                    "dry run: nothing was run"):
         assert needle in out, needle
-    assert G.main(["cifar10-gpu", "--data-root", str(bare_machine)]) == 1
+    assert G.main([GRID, "--data-root", str(bare_machine)]) == 1
     captured = capsys.readouterr()
     assert "not starting: 5 required item(s) missing (above); nothing was run" in captured.err
 
@@ -148,13 +149,13 @@ def test_the_stated_throughput_is_labelled_an_estimate_and_a_saved_one_is_read_b
     with pytest.raises(ValueError, match="no stated throughput"):
         G.stated_throughput("v100")
     saved = tmp_path / "throughput.json"
-    assert G.main(["cifar10-gpu", "--dry-run", "--no-verify", "--gpu", "a100", "--save", str(saved)]) == 0
+    assert G.main([GRID, "--dry-run", "--no-verify", "--gpu", "a100", "--save", str(saved)]) == 0
     out = capsys.readouterr().out
     assert "GPU-hours on one NVIDIA A100 SXM, ESTIMATED" in out and not saved.exists()  # only a measurement is kept
     mine = G.Throughput(**{**G.stated_throughput("h200").__dict__, "train_ms": 0.5, "measured": True,
                            "source": "measured on a test GPU", "device": "Test GPU"})
     saved.write_text(__import__("json").dumps(mine.__dict__))
-    assert G.main(["cifar10-gpu", "--dry-run", "--no-verify", "--throughput", str(saved)]) == 0
+    assert G.main([GRID, "--dry-run", "--no-verify", "--throughput", str(saved)]) == 0
     out = capsys.readouterr().out
     assert "throughput: measured on a test GPU" in out and "GPU-hours on one Test GPU, measured" in out
 
@@ -219,8 +220,8 @@ def test_seeds_are_sized_from_the_evidence_s_paired_spread(tmp_path, log_ratios)
 def test_the_shipped_grid_gives_every_claim_in_reach_the_seeds_it_needs(no_cuda):
     if not G.EVIDENCE.is_file():
         pytest.skip("results/paper-fmnist/runs.csv is not in this checkout")
-    grid, *_ = G.load_study_grid("cifar10-gpu", "cuda")
-    claims = ROOT / "benchmark" / "grid" / "builtin" / "cifar10-gpu.claims.toml"
+    grid, *_ = G.load_study_grid(GRID, "cuda")
+    claims = ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.claims.toml"
     sizing = G.size_seeds(claims, G.EVIDENCE, grid.cells)
     assert [s.claim for s in sizing if s.status == "short"] == []
     assert {s.claim for s in sizing if s.status == "sized"} >= {"C1-0.5", "C1-0.25", "cost-topk-0.5", "trained"}
@@ -246,12 +247,12 @@ def test_the_make_targets_run_the_plan_first_and_under_make_n():
     phony = next(line for line in text.splitlines() if line.startswith(".PHONY:"))
     assert " bench-cifar10-gpu " in phony + " " and " bench-cifar10-gpu-plan " in phony + " "
     recipe = re.search(r"^bench-cifar10-gpu:.*?\n((?:\t.*\n)+)", text, re.M).group(1).splitlines()
-    assert recipe[0].startswith("\t+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan cifar10-gpu")
+    assert recipe[0].startswith("\t+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml")
     assert "$(if $(CIFAR10_GPU_DRY),--dry-run," in recipe[0]
-    assert any("dfbench grid cifar10-gpu" in line for line in recipe[1:])
-    assert any("--claims benchmark/grid/builtin/cifar10-gpu.claims.toml" in line for line in recipe)
+    assert any("dfbench grid results/cifar10-gpu/cifar10-gpu.toml" in line for line in recipe[1:])
+    assert any("--claims results/cifar10-gpu/cifar10-gpu.claims.toml" in line for line in recipe)
     plan = re.search(r"^bench-cifar10-gpu-plan:.*?\n((?:\t.*\n)+)", text, re.M).group(1)
-    assert "gpu_plan cifar10-gpu" in plan and "--dry-run" in plan
+    assert "gpu_plan results/cifar10-gpu/cifar10-gpu.toml" in plan and "--dry-run" in plan
 
 
 @pytest.mark.slow
@@ -260,13 +261,13 @@ def test_make_n_prints_the_plan_and_runs_nothing_else(tmp_path):
     out = subprocess.run(["make", "-n", "bench-cifar10-gpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "plan: 60 cells" in out.stdout and "dry run: nothing was run" in out.stdout
-    assert "dfbench grid cifar10-gpu --out results/cifar10-gpu/runs" in out.stdout  # printed, not run
+    assert "dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs" in out.stdout  # printed, not run
     assert not (ROOT / "results" / "cifar10-gpu" / "runs").exists()
 
 
 def test_a_model_that_fails_its_timed_training_step_is_a_missing_item(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    if G.load_study_grid("cifar10-gpu", "cuda")[3] is not None:
+    if G.load_study_grid(GRID, "cuda")[3] is not None:
         pytest.skip("this checkout cannot build the study's model (diffusers missing): nothing to time")
     monkeypatch.setattr(G, "_check_cuda", lambda device: G.Check("CUDA device", True, "cuda: a test GPU"))
 
@@ -275,7 +276,7 @@ def test_a_model_that_fails_its_timed_training_step_is_a_missing_item(monkeypatc
                            "set 'torch.use_deterministic_algorithms(True)'")
 
     monkeypatch.setattr(G, "measure_throughput", fails)
-    assert G.main(["cifar10-gpu", "--no-verify", "--data-root", str(tmp_path)]) == 1
+    assert G.main([GRID, "--no-verify", "--data-root", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "[ MISSING] a training step of diffusers-ddpm-cifar10 on cuda: RuntimeError: upsample_nearest2d" in out
     assert "train.deterministic=false" in out and "ESTIMATED" in out
