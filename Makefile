@@ -105,10 +105,10 @@ bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose pap
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist/rules/paper-fmnist-rules.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules && \
 	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
-	$(BIN)/python scripts/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
+	$(BIN)/python results/paper-fmnist/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
 
 bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at keep 0.5 scored by fd_fmnist and by training loss, on paper-fmnist's runs (~12 min; run bench-paper-fmnist first), results in results/paper-fmnist/rule_losses/
-	OMP_NUM_THREADS=2 $(BIN)/python scripts/rule_losses.py --runs results/paper-fmnist/runs --out results/paper-fmnist/rule_losses --keep 0.5
+	OMP_NUM_THREADS=2 $(BIN)/python results/paper-fmnist/rule_losses.py --runs results/paper-fmnist/runs --out results/paper-fmnist/rule_losses --keep 0.5
 
 bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MNIST, Dirichlet 0.1/0.5, 3 seeds (~45 min on 2 cores), results in results/cpu-aggregation/
 	@# one torch thread per worker, as for the committed numbers; the server learning rates in the
@@ -123,11 +123,11 @@ bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu
 
 bench-cpu-recipe: $(VENV)/.installed ## FedAvg at an equal training budget under candidate recipes (seeds 7-10, ~45 min on 2 cores), results in results/cpu-recipe/
 	@# speed keeps the committed speed.json (--again measures this machine), so grid writes the committed rounds
-	$(BIN)/python scripts/cpu_recipe.py speed
-	$(BIN)/python scripts/cpu_recipe.py grid
+	$(BIN)/python results/cpu-recipe/cpu_recipe.py speed
+	$(BIN)/python results/cpu-recipe/cpu_recipe.py grid
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-recipe/cpu-recipe.toml --download --workers $(CPU_WORKERS) --out results/cpu-recipe/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-recipe/runs --out results/cpu-recipe --claims results/cpu-recipe/cpu-recipe.claims.toml && \
-	$(BIN)/python scripts/cpu_recipe.py table && exit $$status
+	$(BIN)/python results/cpu-recipe/cpu_recipe.py table && exit $$status
 
 bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simulated clock: sync/deadline/pruning/HeteroFL/FedBuff, 3 seeds (~45 min on 2 cores), results in results/cpu-stragglers/
 	@# one torch thread per worker, as for the committed numbers; the pruning cells' inference rule

@@ -49,12 +49,15 @@ def lockstep_kw(model, layout, jobs, images, objective, *, steps, batch_size, lr
 
 
 def load_script(name: str) -> Any:
-    """scripts/<name>.py imported as a module (the scripts are not a package)."""
+    """A script imported as a module (the scripts are not a package): a shared tool's name (scripts/<name>.py),
+    or a study's script by its path from the repository root (results/cpu-recipe/cpu_recipe.py)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    root = Path(__file__).resolve().parents[1]
+    path = root / name if name.endswith(".py") else root / "scripts" / f"{name}.py"
+    assert path.is_file(), f"no script {path}"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

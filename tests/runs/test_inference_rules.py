@@ -249,7 +249,7 @@ def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model
 
 
 def test_rule_losses_scores_every_rule_of_the_keep_ratio_and_fedavg(runs, tmp_path, synthetic_loads, monkeypatch):
-    script = load_script("rule_losses")
+    script = load_script("results/paper-fmnist/rule_losses.py")
     root = runs["fedavg"].parents[3]  # the "on" root: fedavg, both pruners at 0.5, random_prune at keep 1.0
     monkeypatch.setattr(sys, "argv", ["rule_losses.py", "--runs", str(root), "--out", str(tmp_path / "o"), "--keep", "0.5",
                                       "--loss", "16"])

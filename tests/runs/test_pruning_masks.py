@@ -1,4 +1,4 @@
-"""scripts/pruning_masks.py: which weights a pruning run ever trained, read from its folder.
+"""results/paper-fmnist/pruning_masks.py: which weights a pruning run ever trained, read from its folder.
 
 Its premise is that a weight no client trained keeps its initial value bit for bit, and one
 that any client trained moves. Checked on tiny runs against masks rebuilt here: a one-round
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # whole pruning runs
 
 
 def _script():
-    return load_script("pruning_masks")
+    return load_script("results/paper-fmnist/pruning_masks.py")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""scripts/cpu_recipe.py (quality per CPU-second) and the determinism of the bf16 path on a CPU."""
+"""results/cpu-recipe/cpu_recipe.py (quality per CPU-second) and the determinism of the bf16 path on a CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import load_script, local_train_kw
 
 
 def _script():
-    return load_script("cpu_recipe")
+    return load_script("results/cpu-recipe/cpu_recipe.py")
 
 
 def test_bf16_local_training_is_deterministic_run_to_run(tiny_data, monkeypatch):

@@ -1,6 +1,6 @@
 """Which weights did a pruning run ever train? Why top-k's inference rules differ (issue 24).
 
-    .venv/bin/python scripts/pruning_masks.py results/paper-fmnist/runs [--out FILE.csv]
+    .venv/bin/python results/paper-fmnist/pruning_masks.py results/paper-fmnist/runs [--out FILE.csv]
 
 For every finished random_prune / topk_prune run under the given roots, compares the final global
 model with the run's seeded initial model. A weight that no client ever trained keeps its initial

@@ -2,7 +2,7 @@
 and the training loss of the model it samples (issue 24: why random pruning at keep 0.5 misses
 0.5x untrained). FedAvg's final models are the reference loss.
 
-    .venv/bin/python scripts/rule_losses.py --runs results/paper-fmnist/runs \
+    .venv/bin/python results/paper-fmnist/rule_losses.py --runs results/paper-fmnist/runs \
         --out results/paper-fmnist/rule_losses --keep 0.5
 
 For each finished run under --runs (random_prune and topk_prune at --keep, and fedavg trained
@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# rescore_inference is a shared tool of scripts/ (not a package, not installed): imported from there
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from rescore_inference import rescore  # noqa: E402
 
 RULES = {"random_prune": ["full", "scaled", "submodel", "ensemble:draws=4"], "topk_prune": ["submodel", "full", "scaled"],
