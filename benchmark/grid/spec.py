@@ -138,6 +138,9 @@ def resolve_grid(name_or_path: str | Path) -> Path:
     if p.suffix == ".toml" or len(p.parts) > 1:
         raise FileNotFoundError(f"grid file {p} does not exist")
     shipped = GRIDS_DIR / f"{name_or_path}.toml"
+    study = Path("results") / str(name_or_path) / f"{name_or_path}.toml"  # a committed study's own, in a checkout
+    if not shipped.is_file() and study.is_file():
+        raise GridError(f"{str(name_or_path)!r} is a study's grid, not a shipped one: pass its file, {study.as_posix()}")
     if not shipped.is_file():
         close = difflib.get_close_matches(str(name_or_path), builtin_grids(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

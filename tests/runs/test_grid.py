@@ -29,6 +29,14 @@ def test_shipped_grid_validates(name):
     assert len({c.run_id for c in grid.cells}) == len(grid.cells)
 
 
+def test_a_study_named_like_a_shipped_grid_is_pointed_to_its_file(monkeypatch):
+    """A study's grid lives in its results folder: its bare name, run from the repository root, says which file."""
+    monkeypatch.chdir(Path(S.__file__).resolve().parents[2])
+    with pytest.raises(S.GridError, match="pass its file, results/cpu-aggregation/cpu-aggregation.toml"):
+        S.load_grid("cpu-aggregation")
+    assert S.load_grid("results/cpu-aggregation/cpu-aggregation.toml").name == "cpu-aggregation"
+
+
 def test_demo_covers_every_method_family_and_the_baseline_within_its_budget():
     grid = S.load_grid("demo")
     families = methods.method_families()
