@@ -132,6 +132,34 @@ def device_name(device: str | torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+# The CPU features that change a CPU run's speed or its last bits (the kernels torch dispatches to):
+# vector width and FMA (x86 avx2/fma/avx512f, Arm asimd/sve) and native bfloat16 / fp16 / AMX.
+NUMERIC_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "bf16")
+
+
+def cpu_record(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The CPU as a run folder records it: model, cores, the flags of NUMERIC_CPU_FLAGS it has, and
+    torch's CPU capability (the kernel set it dispatches to: DEFAULT, AVX2, AVX512, ...).
+
+    `cpuinfo`: the text of /proc/cpuinfo (read here when None; missing: no model, no flags)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    model, flags = None, set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return {"model": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "flags": [f for f in NUMERIC_CPU_FLAGS if f in flags],
+            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def record(device: str | torch.device, deterministic: bool) -> dict[str, Any]:
     """The numerics in force, as numerics.json keeps them (one entry per start of a run)."""
     cudnn = torch.backends.cudnn

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from dfbench.benchmark.core.config import RunConfig
-from dfbench.benchmark.core.numerics import device_name
+from dfbench.benchmark.core.numerics import cpu_record, device_name
 from dfbench.datasets.safeio import follow_umask
 
 # -- file names (the format; change nothing here without a migration) -----------------------
@@ -262,7 +262,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
 
     import numpy
 
-    cpu = device_name("cpu")
+    cpu = cpu_record()
     dev = device
     if device.startswith("cuda") and torch.cuda.is_available():
         dev = f"{device} ({device_name(device)})"
@@ -272,7 +272,9 @@ def environment(device: str = "cpu") -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
-        "hardware": f"{cpu}, {os.cpu_count()} cores, device {dev}",
+        # the model alone cannot tell an AVX2 EPYC from an AVX-512 one, whose scores differ: the flags say it
+        "hardware": f"{cpu['model']}, {cpu['cores']} cores ({' '.join(cpu['flags']) or 'no vector flags read'}), device {dev}",
+        "cpu": cpu,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from dfbench.benchmark.report.layout import PageMeta, Section, Table, failures_table, sections, summary
+from dfbench.benchmark.report.tables import hardware_line
 
 _CSS = """
 *{box-sizing:border-box}
@@ -181,7 +182,7 @@ def write_html(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, out_
         f"<p>{esc(summary(table, meta))}</p>",
     ]
     if meta.hardware:
-        parts.append(f'<p class="note">Hardware: {esc("; ".join(meta.hardware))}.</p>')
+        parts.append(f'<p class="note">{esc(hardware_line(meta.hardware))}</p>')
     parts.append("<nav>" + " ".join(nav) + "</nav>")  # (spaces: the links wrap on a narrow screen)
     parts += [_section(s, images) for s in secs]
     parts.append('<section id="failures"><h2>Failed and diverged runs</h2>')

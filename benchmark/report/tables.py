@@ -88,6 +88,15 @@ def _md_section_table(t: Table) -> list[str]:
     return lines
 
 
+def hardware_line(hardware: Sequence[str]) -> str:
+    """The page's hardware sentence; runs from several machines are said to be so, since a CPU's
+    kernels set the last bits of a run and training amplifies them (compare scores from one machine)."""
+    if len(hardware) <= 1:
+        return "Hardware: " + "; ".join(hardware) + "."
+    return (f"Hardware: these runs come from {len(hardware)} machines ({'; '.join(hardware)}); another CPU rounds "
+            "differently and training amplifies it, so compare scores from one machine only.")
+
+
 def write_markdown(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, out_dir: Path,
                    images: Mapping[str, str]) -> Path:
     """leaderboard.md: per dataset/partition block the headline, the main table, the secondary tables,
@@ -95,7 +104,7 @@ def write_markdown(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, 
     `images`: key (mosaic_*, plot_*) -> path relative to `out_dir`."""
     lines = ["# dfbench leaderboard", "", summary(table, meta), ""]
     if meta.hardware:
-        lines += ["Hardware: " + "; ".join(meta.hardware) + ".", ""]
+        lines += [hardware_line(meta.hardware), ""]
     secs: list[Section] = sections(table, metrics, meta, images)
     if len(secs) > 1:
         lines += ["Settings: " + " · ".join(f"[{s.title}](#{_md_anchor(s.title)})" for s in secs), ""]

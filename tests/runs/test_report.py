@@ -280,7 +280,8 @@ def test_real_run_folders_are_ranked_and_say_their_hardware(tmp_path: Path, tiny
     md = paths["leaderboard_md"].read_text()
     assert "fedavg" in md and "fedprox" in md
     assert "0 run(s) failed" in md
-    assert "Hardware: " in md and "cores, device cpu" in md
+    assert "Hardware: " in md and " cores (" in md and "), device cpu." in md  # the CPU's flags named
+    assert "machines" not in md.split("Hardware: ")[1].split("\n")[0]  # one machine: no mixed-machines warning
 
 
 def test_metric_notes_flag_mixed_settings_only_when_they_differ() -> None:
