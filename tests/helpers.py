@@ -322,3 +322,17 @@ def interrupt_at(monkeypatch: Any, round_: int) -> None:
         return real(method, state, ctx, r)
 
     monkeypatch.setattr(lifecycle, "train_round", train_round)
+
+
+def docstring_nodes(tree: "ast.AST") -> set[int]:
+    """The ids of the docstring constants of a parsed module (its own, its classes' and functions'): static
+    checks over the package's source skip prose there (tests/unit/test_no_method_names.py, test_runfolder_reader.py)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found

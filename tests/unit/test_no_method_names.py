@@ -19,6 +19,7 @@ import pytest
 
 from dfbench.benchmark.metrics import drift
 from dfbench.methods.registry import get_method_class, list_methods, reference_method
+from helpers import docstring_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ("benchmark", "datasets", "dfbench")
@@ -48,16 +49,6 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                found.add(id(first.value))
-    return found
-
-
 def named_methods(text: str, names: set[str]) -> list[str]:
     """The method names a literal spells: the literal is one name, a spec `name?k=v`, or a comma list."""
     parts = [p.strip().split("?", 1)[0] for p in text.split(",")]
@@ -67,7 +58,7 @@ def named_methods(text: str, names: set[str]) -> list[str]:
 def findings(path: Path, names: set[str], root: Path = REPO) -> list[tuple[str, str, int]]:
     """(file relative to `root`, method name, line) for each method-naming literal in `path` (not docstrings)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docs = _docstrings(tree)
+    docs = docstring_nodes(tree)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dfbench.benchmark.core import runfolder
+from helpers import docstring_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,21 +78,11 @@ def _file_names() -> set[str]:
             if k.isupper() and isinstance(v, str) and "." in v.strip(".") and v not in runfolder.STATES}
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                found.add(id(first.value))
-    return found
-
-
 def spelled_file_names(path: Path, names: set[str], root: Path = REPO) -> list[str]:
     """`path:line 'text'` for each string in `path` that is a file name of `names` or a path ending in one
     (`x/metrics.json`, `**/status.json`); prose that mentions a file (a message, a docstring) is not."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docs = _docstrings(tree)
+    docs = docstring_nodes(tree)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
