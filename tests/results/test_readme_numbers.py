@@ -21,7 +21,10 @@ from dfbench.benchmark.report import claims as C
 from dfbench.benchmark.studies import claims as study_claims
 
 ROOT = Path(__file__).resolve().parents[2]
-READMES = sorted([*(ROOT / "results").glob("*/README.md"), *(ROOT / "results").glob("*/reference/README.md")])
+# The committed studies' READMEs. A folder with a reference/ study (results/demo) is where `make demo` writes a
+# fresh page (git-ignored, this machine's numbers): its committed study is reference/, so only that is read.
+READMES = sorted([*(r for r in (ROOT / "results").glob("*/README.md") if not (r.parent / "reference" / "README.md").is_file()),
+                  *(ROOT / "results").glob("*/reference/README.md")])
 NUMBERS_MARKER = "<!-- numbers: from csv -->"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+\.\d+|\d{4,})(?![\w.]*\d)")
 DOC_PAGES = sorted((ROOT / "docs").rglob("*.md"))
