@@ -17,6 +17,7 @@ from .registry import (create_method, get_method_class, list_methods, method_con
 from . import fedavg  # noqa: F401,E402
 from . import experts  # noqa: F401,E402
 from . import pruning  # noqa: F401,E402
+from . import balanced_prune  # noqa: F401,E402
 from . import quantized  # noqa: F401,E402
 from . import serveropt  # noqa: F401,E402
 from . import scaffold  # noqa: F401,E402
