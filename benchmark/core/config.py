@@ -39,7 +39,7 @@ Sampler = Literal["auto", "ddim", "euler", "heun"]
 # train.model: "auto" (per dataset) or a preset of benchmark/core/presets.py's table (the built-in UNet's, diffusers'
 # UNet2DModel's: the optional extra), derived from it
 Preset = Literal[("auto", *presets.ALL)]  # type: ignore[valid-type]
-Amp = Literal["off", "bf16"]
+Amp = Literal["auto", "off", "bf16"]
 ClientsMode = Literal["sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
 Driver = Literal["sync", "fedbuff"]
@@ -168,11 +168,16 @@ class TrainConfig:
     grad_clip: float = declare(1.0)  # max global grad norm per local step (0 = off)
     sigma1_probe_steps: int = declare(4)  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
     # -- speed knobs (see benchmark/engine/batched.py and `dfbench perf`) --
-    amp: Amp = declare("off")  # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id)
+    # "bf16": bfloat16 autocast in local training (changes the numerics, so part of the run id); "auto": bf16 where
+    # the device computes it natively, else off (numerics.auto_amp), resolved when the config is (the id hashes the choice)
+    amp: Amp = declare("off")
     channels_last: bool = declare(False, role="execution")  # feed the convolutions NHWC batches (sequential clients; speed only)
     compile: bool = declare(False, role="execution")  # torch.compile the model for local training (CUDA only; speed only)
     clients_mode: ClientsMode = declare("sequential", role="execution")  # "batched": a round's clients train in lockstep (torch.func.vmap)
     client_batch: int = declare(0, role="execution")  # clients per lockstep group in batched mode (0 = all of the round's clients)
+    # CPU: processes training a round's clients side by side, one thread each (benchmark/engine/parallel.py):
+    # 0 = one per torch thread of the run (a grid's one-thread cells: one), 1 = one after another in this process
+    client_workers: int = declare(0, role="execution")
     # CUDA numerics (benchmark/core/numerics.py): true = deterministic kernels, cuBLAS workspace
     # pinned, TF32 off (bitwise reproducible on one GPU model and software stack); false = cuDNN
     # autotuning and TF32 (faster, not reproducible). Part of the run id on CUDA; CPU has no switch.
@@ -428,6 +433,7 @@ def check_fields(cfg: RunConfig) -> None:
     require(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
     require(t.clients_mode in typing.get_args(ClientsMode), "train.clients_mode", t.clients_mode, ", ".join(typing.get_args(ClientsMode)))
     require(t.client_batch >= 0, "train.client_batch", t.client_batch, "an integer >= 0 (0 = all of a round's clients)")
+    require(t.client_workers >= 0, "train.client_workers", t.client_workers, "an integer >= 0 (0 = one per torch thread, 1 = one client at a time)")
     require(not (t.compile and cfg.device == "cpu"), "train.compile", t.compile,
             "false on device cpu (torch.compile is offered for CUDA only: on CPU its compile time outweighs the gain)")
     require(not (t.compile and t.clients_mode == "batched"), "train.compile", t.compile,

@@ -31,7 +31,7 @@ from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
-from dfbench.benchmark.engine import distributed, privacy
+from dfbench.benchmark.engine import distributed, parallel, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.resolve import resolve
@@ -157,6 +157,9 @@ def _guarded_run(cfg: RunConfig, d: Path, writer: bool, rank: int, world: int, p
     """Build, train and evaluate with the folder locked; every failure leaves a status behind."""
     # the device's numerics before the device is touched (cuBLAS reads its workspace setting once)
     started = numerics.configure(distributed.local_device(cfg.device), cfg.train.deterministic, cfg.train.amp)
+    # clients side by side (benchmark/engine/parallel.py): above 1, every client trains with one thread
+    started["client_workers"] = parallel.workers_for(cfg.train.client_workers, torch.device(distributed.local_device(cfg.device)),
+                                                     world, cfg.train.clients_mode == "batched")
     if writer:
         starts = _numerics_starts(d, started)
     ctx = build_context(cfg, data=data, rank=rank, world=world)

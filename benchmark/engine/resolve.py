@@ -24,7 +24,7 @@ from dataclasses import fields, replace
 from typing import Any, Mapping
 
 from dfbench import datasets, methods
-from dfbench.benchmark.core import presets
+from dfbench.benchmark.core import numerics, presets
 from dfbench.benchmark.core.config import SECTIONS, ConfigError, MethodParams, RunConfig, data_kind, field_type
 from dfbench.benchmark.core.parsing import coerce_value, require
 
@@ -51,6 +51,8 @@ def resolve(cfg: RunConfig, world: int = 1) -> RunConfig:
         methods.get_method_class(cfg.method).check(config, resolved, world)
     except (KeyError, TypeError, ValueError) as err:  # the method's own errors, as one config error
         raise ConfigError(err.args[0] if err.args else str(err)) from None
+    if resolved.train.amp == "auto":  # the choice, not the wish, is what ran: config.json and the run id say which
+        resolved = replace(resolved, train=replace(resolved.train, amp=numerics.auto_amp(resolved.device)))
     return resolved
 
 

@@ -4,7 +4,8 @@ round r:
     sample clients (seeded by (seed, r))  ->  for each: plan = method.client_view
     the clock: a client the deadline rules out before it trains is left out (clock.py)
     local training (the ONE shared step)  ->  local parameters from plan.start
-        (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/engine/batched.py)
+        (train.clients_mode=batched: every plan first, then all clients in lockstep, benchmark/engine/batched.py;
+         on a CPU with several threads: every plan first, then the clients side by side, benchmark/engine/parallel.py)
     upload = method.upload(local)         ->  late (past the deadline)? dropped; else method.accumulate(acc, upload)
     all_reduce(acc) across ranks          ->  state = method.apply(state, acc)
     diagnostics -> the rounds.jsonl row (the run's life cycle, lifecycle.py, writes it and checkpoints)
@@ -21,9 +22,9 @@ import numpy as np
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.engine import batched, distributed
+from dfbench.benchmark.engine import batched, distributed, parallel
 from dfbench.benchmark.engine.context import RunContext, sample_round_clients
-from dfbench.benchmark.engine.local_step import StepSettings, local_train
+from dfbench.benchmark.engine.local_step import LocalResult, StepSettings, local_train
 
 
 ROUND_SUMS = ("loss", "w2", "sigma1_sq", "sigma1_n", "uplink_bits", "downlink_bits", "nonfinite")
@@ -118,22 +119,38 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         S.add("downlink_bits", plan.downlink_bits)  # the model was sent
         return True
 
-    batched_plans = batched_results = None
-    if cfg.train.clients_mode == "batched":  # all plans first, then every client in lockstep (benchmark/engine/batched.py)
-        batched_plans = {k: plan for k in mine if not late_before_training(k, plan := method.client_view(state, k, ctx))}
-        batched_results = batched.train_clients(ctx, batched_plans, r, settings)
+    def train(k: int, plan: methods.ClientPlan) -> LocalResult:
+        return local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
+                           ctx.get_objective(plan.step.objective), plan.step, settings, steps=int(ctx.local_steps[k]),
+                           gen=ctx.gen("client", r, k))
+
+    # Ahead of the uploads: every plan first, then the clients trained together, in lockstep
+    # (train.clients_mode=batched, benchmark/engine/batched.py) or side by side in forked one-thread
+    # processes (train.client_workers, benchmark/engine/parallel.py); then uploaded in client order.
+    ahead_plans: dict[int, methods.ClientPlan] | None = None
+    ahead_results: dict[int, LocalResult] | None = None
+    batched_mode = cfg.train.clients_mode == "batched"
+    workers = parallel.workers_for(cfg.train.client_workers, ctx.device, ctx.world, batched_mode)
+    if batched_mode or workers > 1:
+        ahead_plans = {k: plan for k in mine if not late_before_training(k, plan := method.client_view(state, k, ctx))}
+        if batched_mode:
+            ahead_results = batched.train_clients(ctx, ahead_plans, r, settings)
+        else:
+            for plan in ahead_plans.values():
+                ctx.get_objective(plan.step.objective)  # filled before the fork: the workers share the cache
+            plans = ahead_plans
+            ahead_results = parallel.train_clients(lambda k: train(k, plans[k]), list(plans), workers)
     for k in mine:
         steps = int(ctx.local_steps[k])
-        if batched_plans is not None and batched_results is not None:
+        if ahead_plans is not None and ahead_results is not None:
             if k in late:
                 continue
-            plan, res = batched_plans.pop(k), batched_results.pop(k)  # pop: each client's tensors freed once accumulated
+            plan, res = ahead_plans.pop(k), ahead_results.pop(k)  # pop: each client's tensors freed once accumulated
         else:
             plan = method.client_view(state, k, ctx)
             if late_before_training(k, plan):
                 continue
-            res = local_train(ctx.model, ctx.flat, plan.start, ctx.images, ctx.client_indices[k],
-                              ctx.get_objective(plan.step.objective), plan.step, settings, steps=steps, gen=ctx.gen("client", r, k))
+            res = train(k, plan)
         up = method.upload(res.params, plan, k, state, ctx)
         S.add("downlink_bits", plan.downlink_bits)
         seconds = clock.with_upload(seconds_before_upload(k, plan), up.uplink_bits)
