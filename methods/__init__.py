@@ -22,6 +22,8 @@ from . import quantized  # noqa: F401,E402
 from . import serveropt  # noqa: F401,E402
 from . import scaffold  # noqa: F401,E402
 from . import heterofl  # noqa: F401,E402
+from . import fedrolex  # noqa: F401,E402
+from . import fjord  # noqa: F401,E402
 from . import topk_update  # noqa: F401,E402
 from . import signsgd  # noqa: F401,E402
 from . import qsgd  # noqa: F401,E402

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -83,11 +83,23 @@ def narrow_width(c0: int, rate: float) -> int:
     return max(1, math.ceil(rate * c0 - 1e-9))  # the epsilon: 0.3 * 10 is 3.0000000000000004
 
 
-def block_index(full: list[int], narrow: list[int]) -> torch.Tensor:
-    """Kept indices of a dimension made of blocks: the first narrow[b] entries of each full block b."""
+#: Which channels a sub-model keeps of one channel space: (its full size C, the kept count c') -> the c'
+#: kept indices in [0, C), in the sub-model's channel order. It depends on (C, c') alone, so a layer's
+#: outputs and the next layer's inputs (the same space) keep the same channels.
+Channels = Callable[[int, int], torch.Tensor]
+
+
+def leading(full: int, kept: int) -> torch.Tensor:
+    """HeteroFL's choice (Diao et al. 2021, Sec. 3.1), and FjORD's ordered dropout: the first `kept` channels."""
+    return torch.arange(kept)
+
+
+def block_index(full: list[int], narrow: list[int], choose: Channels = leading) -> torch.Tensor:
+    """Kept indices of a dimension made of blocks: `choose` applied within each full block b (by
+    default the first narrow[b] entries of each)."""
     out, start = [], 0
     for f, n in zip(full, narrow):
-        out.append(torch.arange(start, start + n))
+        out.append(start + choose(f, n))
         start += f
     return torch.cat(out)
 
@@ -116,8 +128,9 @@ class SliceSpec:
     scale: float  # the Scaler: the kept entries are divided by this (1.0 = none)
 
 
-def slice_specs(full: nn.Module, narrow: nn.Module, scaler: bool) -> dict[str, SliceSpec]:
-    """Per parameter name of the UNet: the kept index per dimension and the fan-in scale."""
+def slice_specs(full: nn.Module, narrow: nn.Module, scaler: bool, choose: Channels = leading) -> dict[str, SliceSpec]:
+    """Per parameter name of the UNet: the kept index per dimension (`choose` in every channel space,
+    within each block of a [q | k | v] or cat([h, skip]) dimension) and the fan-in scale."""
     fblocks, nblocks = _cat_blocks(full), _cat_blocks(narrow)
     nparams = dict(narrow.named_parameters())
     specs: dict[str, SliceSpec] = {}
@@ -131,15 +144,15 @@ def slice_specs(full: nn.Module, narrow: nn.Module, scaler: bool) -> dict[str, S
                 index.append(None)
                 continue
             if d == 0 and module.endswith("qkv"):  # [q | k | v]
-                index.append(block_index([f // 3] * 3, [n // 3] * 3))
+                index.append(block_index([f // 3] * 3, [n // 3] * 3, choose))
             elif owner in fblocks and (module.endswith(("conv1", "skip")) and d == 1 or module.endswith("norm1")):
-                index.append(block_index(list(fblocks[owner]), list(nblocks[owner])))  # cat([h, skip])
+                index.append(block_index(list(fblocks[owner]), list(nblocks[owner]), choose))  # cat([h, skip])
             else:
-                index.append(torch.arange(n))
+                index.append(choose(f, n))
         kept_in = q.shape[1] / p.shape[1] if leaf == "weight" and p.dim() >= 2 else 1.0
         specs[name] = SliceSpec(index=index, scale=kept_in if scaler and kept_in < 1.0 else 1.0)
         if tuple(len(ix) if ix is not None else f for ix, f in zip(index, p.shape)) != tuple(q.shape):
-            raise RuntimeError(f"HeteroFL slicing of {name}: {tuple(p.shape)} does not map onto {tuple(q.shape)}")
+            raise RuntimeError(f"width slicing of {name}: {tuple(p.shape)} does not map onto {tuple(q.shape)}")
     return specs
 
 
@@ -207,13 +220,15 @@ class SubModelInfo:
     width: int
 
 
-def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True) -> SubModelInfo:
-    """The rate-r sub-model of the run's UNet, its flat mask, parameter count and FLOP fraction."""
-    if not presets.width_aware(ctx.cfg.train.model):  # refused by HeteroFL.check already; never a KeyError here
-        raise TypeError(f"heterofl slices the benchmark's UNet (benchmark/engine/model.py); train.model={ctx.cfg.train.model} is not one")
+def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True, choose: Channels = leading,
+                   flop_fraction: float | None = None) -> SubModelInfo:
+    """The rate-r sub-model of the run's UNet (the channels `choose` keeps), its flat mask, parameter count
+    and FLOP fraction (measured unless given: it depends on the rate alone, not on which channels)."""
+    if not presets.width_aware(ctx.cfg.train.model):  # refused by WidthSubModels.check already; never a KeyError here
+        raise TypeError(f"width sub-models slice the benchmark's UNet (benchmark/engine/model.py); train.model={ctx.cfg.train.model} is not one")
     spec = ctx.model_spec
     if getattr(ctx.model, "base", None) != spec.channels or not hasattr(ctx.model, "up"):
-        raise TypeError("heterofl slices the benchmark's UNet (benchmark/engine/model.py); ctx.model is not the preset's UNet")
+        raise TypeError("width sub-models slice the benchmark's UNet (benchmark/engine/model.py); ctx.model is not the preset's UNet")
     width = narrow_width(spec.channels, rate)
     narrow = ctx.network_at_width(width)  # architecture only (meta device): functional_call supplies every parameter
     with torch.device("meta"):
@@ -221,22 +236,121 @@ def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True) -> Su
         # narrow UNet alone would compute a different, c0'-dimensional embedding).
         narrow.base = spec.channels
         narrow.time[0] = nn.Linear(spec.channels, narrow.time[0].out_features)
-    specs = slice_specs(ctx.model, narrow, scaler)
+    specs = slice_specs(ctx.model, narrow, scaler, choose)
     sub = SubModel(ctx.model, narrow, specs)
     mask = kept_mask(ctx.layout.names, ctx.layout.shapes, specs, ctx.flat.device)
-    flops = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
-    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flops), width=width)
+    if flop_fraction is None:
+        flop_fraction = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
+    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flop_fraction), width=width)
 
 
-# -- the method ---------------------------------------------------------------------------------
+# -- the methods ---------------------------------------------------------------------------------
+
+def validate_rate(method: str, rate: float) -> None:
+    """A width rate (a client's capacity without tiers) is a number in (0, 1]."""
+    if not (math.isfinite(rate) and 0.0 < rate <= 1.0):
+        raise ValueError(f"invalid value for 'method.rate' of '{method}': {rate!r}; allowed: a number in (0, 1]")
+
+
+class WidthSubModels(Method):
+    """What the width sub-model methods share (HeteroFL, FedRolex, FjORD): a client of capacity r trains
+    a real narrower UNet cut from the global one, uploads 32 bits per kept parameter, and the server
+    averages each parameter over the clients that hold it. Subclasses choose the channels (and
+    `inference_rate`); this base refuses what the narrow networks cannot run."""
+
+    # The width sub-models differ in which channels a client trains (HeteroFL's leading ones, FedRolex's
+    # rolling window, FjORD's sampled prefixes): one family, covered by the demo grid's heterofl cell.
+    family: ClassVar[str | None] = "heterofl"
+    capabilities = Capabilities(needs="it trains narrower networks, and the vmapped step runs the full model")
+    #: the setting under which every client trains the full width (FedAvg), named in refusals
+    full_width_setting: ClassVar[str] = "method.rate=1.0 without capacity tiers"
+
+    def __init__(self, config: Any, scaler: bool) -> None:
+        super().__init__(config)
+        self.scaler = scaler  # HeteroFL's Scaler on the narrowed sums (see the module docstring)
+        self._subs: dict[float, SubModelInfo] = {}  # per rate, the leading-channel sub-model, built once per run
+
+    def rate_for(self, client: int, ctx: "MethodContext") -> float:
+        """A client's capacity (system.capacity tiers, ctx.capacity) is its width rate; else method.rate."""
+        return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.rate)
+
+    @classmethod
+    def narrowest(cls, config: Any, run: "RunConfig") -> float:
+        """The narrowest width any client trains (1.0: every client trains the full model)."""
+        tiers = parse_capacity(run.system.capacity)
+        return min(k for k, _ in tiers) if tiers else config.rate
+
+    @classmethod
+    def check(cls, config: Any, run: "RunConfig", world: int = 1) -> None:
+        """Narrow widths only of a width-aware network (the built-in UNet), and batched clients only while
+        every client trains the full width (FedAvg)."""
+        super().check(config, run, world)
+        narrowest = cls.narrowest(config, run)
+        if narrowest < 1.0 and not presets.width_aware(run.train.model):
+            raise ValueError(f"method {cls.name!r} cannot train width sub-models of train.model={run.train.model} (narrowest "
+                             f"rate {narrowest:g}): it rebuilds the network at a narrower base width and slices every "
+                             "layer's channels, which needs a width-aware network (the built-in UNet, "
+                             "benchmark/engine/model.py); a diffusers UNet2DModel has no such builder. Use a built-in "
+                             f"train.model ({', '.join(('auto', *presets.BUILTIN))}), or {cls.full_width_setting} (FedAvg)")
+        if run.train.clients_mode == "batched" and narrowest < 1.0:
+            raise ValueError(f"method {cls.name!r} cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
+                             f"rate {narrowest:g}); use --set train.clients_mode=sequential")
+
+    def submodel(self, rate: float, ctx: "MethodContext") -> SubModelInfo:
+        """The sub-model of the leading channels at `rate` (built once per run)."""
+        if rate not in self._subs:
+            self._subs[rate] = build_submodel(ctx, rate, self.scaler)
+        return self._subs[rate]
+
+    def full_plan(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
+        """The full model: literally FedAvg's plan, so a full-width client is FedAvg bitwise."""
+        plan = Method.client_view(self, state, client, ctx)
+        plan.trained_params = ctx.layout.total
+        return plan
+
+    @staticmethod
+    def sub_plan(state: ServerState, sub: SubModelInfo, network: nn.Module | None = None,
+                 flop_fraction: float | None = None) -> ClientPlan:
+        """Train `network` (default: the sub-model) inside `sub`'s mask; 32 bits per kept parameter down."""
+        # start = the global parameters: the sub-model reads only the kept entries, the rest
+        # gets a zero gradient (Adam then moves nothing) and is masked out of the aggregate
+        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model if network is None else network),
+                          downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
+                          flop_fraction=sub.flop_fraction if flop_fraction is None else flop_fraction)
+
+    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
+        up = super().upload(local, plan, client, state, ctx)
+        up.uplink_bits = FLOAT_BITS * int(plan.trained_params)
+        return up
+
+    def inference_rate(self, ctx: "MethodContext") -> float:
+        """The width `sample` samples at (its leading channels); 1.0 = the full model."""
+        return 1.0
+
+    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The network `sample` samples (`inference_rate`) as a velocity field."""
+        rate = self.inference_rate(ctx)
+        if rate >= 1.0:
+            return super().velocity(params, ctx)
+        ctx.flat.copy_(params)
+        net = self.submodel(rate, ctx).model  # views of ctx.flat, in its own mode, as `sample` runs it
+        objective = ctx.objective
+        return lambda x, t: ctx.velocity(net, x, torch.full((x.shape[0],), t, device=x.device), objective)
+
+    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
+        """Inference rule: the leading channels at `inference_rate`, with their training-time scaling."""
+        rate = self.inference_rate(ctx)
+        if rate >= 1.0:
+            return ctx.sample_single(params, noise, ctx.objective)
+        # batches of 500, as the committed results were sampled (a batch size moves samples by ~1e-6)
+        return ctx.sample_single(params, noise, ctx.objective, batch=500, network=self.submodel(rate, ctx).model)
+
 
 @register_method("heterofl")
-class HeteroFL(Method):
+class HeteroFL(WidthSubModels):
     """Each client trains the leading channels of every layer: a real narrower UNet."""
 
     headline_params = ("rate",)
-
-    capabilities = Capabilities(needs="it trains narrower networks, and the vmapped step runs the full model")
 
     @dataclass(frozen=True)
     class Config:
@@ -246,75 +360,20 @@ class HeteroFL(Method):
         masked_mean: MaskedMean = "covered"
 
         def validate(self) -> None:
-            if not (math.isfinite(self.rate) and 0.0 < self.rate <= 1.0):
-                raise ValueError(f"invalid value for 'method.rate' of 'heterofl': {self.rate!r}; allowed: a number in (0, 1]")
+            validate_rate("heterofl", self.rate)
             if self.masked_mean not in ("covered", "zero_fill"):
                 raise ValueError(f"invalid value for 'method.masked_mean' of 'heterofl': {self.masked_mean!r}; allowed: covered, zero_fill")
 
     def __init__(self, config: "HeteroFL.Config") -> None:
-        super().__init__(config)
+        super().__init__(config, config.scaler)
         self.masked_mean = config.masked_mean
-        self._subs: dict[float, SubModelInfo] = {}  # per rate, built once per run
-
-    def rate_for(self, client: int, ctx: "MethodContext") -> float:
-        """A client's capacity (system.capacity tiers, ctx.capacity) is its width rate; else method.rate."""
-        return float(ctx.capacity[client]) if ctx.capacity is not None else float(self.config.rate)
-
-    @classmethod
-    def check(cls, config: "HeteroFL.Config", run: "RunConfig", world: int = 1) -> None:
-        """Narrow widths only of a width-aware network (the built-in UNet), and batched clients only while
-        every client trains the full width (rate 1 is FedAvg)."""
-        super().check(config, run, world)
-        tiers = parse_capacity(run.system.capacity)
-        narrowest = min(k for k, _ in tiers) if tiers else config.rate
-        if narrowest < 1.0 and not presets.width_aware(run.train.model):
-            raise ValueError(f"method 'heterofl' cannot train width sub-models of train.model={run.train.model} (narrowest "
-                             f"rate {narrowest:g}): it rebuilds the network at a narrower base width and slices every "
-                             "layer's leading channels, which needs a width-aware network (the built-in UNet, "
-                             "benchmark/engine/model.py); a diffusers UNet2DModel has no such builder. Use a built-in "
-                             f"train.model ({', '.join(('auto', *presets.BUILTIN))}), or method.rate=1.0 without "
-                             "capacity tiers (FedAvg)")
-        if run.train.clients_mode == "batched" and narrowest < 1.0:
-            raise ValueError(f"method 'heterofl' cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
-                             f"rate {narrowest:g}); use --set train.clients_mode=sequential")
-
-    def submodel(self, rate: float, ctx: "MethodContext") -> SubModelInfo:
-        if rate not in self._subs:
-            self._subs[rate] = build_submodel(ctx, rate, self.config.scaler)
-        return self._subs[rate]
 
     def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:
         rate = self.rate_for(client, ctx)
-        if rate >= 1.0:  # the full model: literally FedAvg's plan, so rate 1.0 == fedavg bitwise
-            plan = super().client_view(state, client, ctx)
-            plan.trained_params = ctx.layout.total
-            return plan
-        sub = self.submodel(rate, ctx)
-        # start = the global parameters: the sub-model reads only the kept entries, the rest
-        # gets a zero gradient (Adam then moves nothing) and is masked out of the aggregate
-        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model),
-                          downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
-                          flop_fraction=sub.flop_fraction)
+        if rate >= 1.0:  # rate 1.0 == fedavg bitwise
+            return self.full_plan(state, client, ctx)
+        return self.sub_plan(state, self.submodel(rate, ctx))
 
-    def upload(self, local: torch.Tensor, plan: ClientPlan, client: int, state: ServerState, ctx: "MethodContext") -> Upload:
-        up = super().upload(local, plan, client, state, ctx)
-        up.uplink_bits = FLOAT_BITS * int(plan.trained_params)
-        return up
-
-    def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
-        """The sub-model `sample` samples (the largest rate any client holds) as a velocity field."""
-        rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
-        if rate >= 1.0:
-            return super().velocity(params, ctx)
-        ctx.flat.copy_(params)
-        net = self.submodel(rate, ctx).model  # views of ctx.flat, in its own mode, as `sample` runs it
-        objective = ctx.objective
-        return lambda x, t: ctx.velocity(net, x, torch.full((x.shape[0],), t, device=x.device), objective)
-
-    def sample(self, params: torch.Tensor, noise: torch.Tensor, ctx: "MethodContext") -> torch.Tensor:
-        """Inference rule: the largest rate any client holds, with its training-time scaling."""
-        rate = max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
-        if rate >= 1.0:
-            return ctx.sample_single(params, noise, ctx.objective)
-        # batches of 500, as the committed results were sampled (a batch size moves samples by ~1e-6)
-        return ctx.sample_single(params, noise, ctx.objective, batch=500, network=self.submodel(rate, ctx).model)
+    def inference_rate(self, ctx: "MethodContext") -> float:
+        """Samples come from the largest rate any client holds (with a rate-1 tier, the full model)."""
+        return max(self.rate_for(k, ctx) for k in range(ctx.num_clients))
