@@ -30,7 +30,7 @@ CONFIG_RENAMES = {
 PINNED = [({"data.images_per_client": 500}, "s0-da3dc02584"),
           ({"eval.leakage_metrics": True, "eval.leakage_members": 64}, "s0-f915edabb0"),
           ({"eval.leakage_members": 8}, "s0-207c7bc670")]
-MASKED_MEAN_METHODS = ["random_prune", "topk_prune", "heterofl"]
+MASKED_MEAN_METHODS = ["random_prune", "balanced_prune", "topk_prune", "heterofl"]
 
 
 def test_the_run_id_rename_map_of_the_config_is_these_three_fields():
