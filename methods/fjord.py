@@ -1,14 +1,14 @@
 """FjORD: ordered dropout (Horváth, Laskaridis, Almeida, Leontiadis, Venieris and Lane, "FjORD: Fair and
 Accurate Federated Learning under heterogeneous targets with Ordered Dropout", NeurIPS 2021).
 
-Ordered dropout (the paper's Sec. 3): a width p in a discrete set P keeps the first ceil(p * K_l)
+Ordered dropout (the paper's Sec. 2): a width p in a discrete set P keeps the first ceil(p * K_l)
 units of every layer l of K_l units, so the sub-models are nested leading-channel prefixes, here
 HeteroFL's sub-models (methods/heterofl.py: the same narrow UNet at width p, the same blocks of
 [q | k | v] and cat([h, skip]) each keeping their own leading channels, the image channels and the
 sinusoidal time features whole). Ordered dropout does not rescale (no Scaler: the authors' OD
 layers slice the weights and nothing else).
 
-Training (Sec. 4, Algorithm 1): a client of capacity p_max trains, at every local step (mini-batch),
+Training (Sec. 3, Algorithm 1): a client of capacity p_max trains, at every local step (mini-batch),
 the sub-model of a width p drawn uniformly from P_i = {p in P : p <= p_max}; P is `widths`, by
 default the paper's uniform-5 setting {0.2, 0.4, 0.6, 0.8, 1.0} (Sec. 5). The widths come from the
 run's seeded generator ctx.rng("fjord", round, client), one draw per local step, made when the
@@ -25,9 +25,9 @@ is in P, as in the paper's tiers; a capacity between two widths trains the small
 per parameter of that prefix each way; `trained_params` is its size. Capacities come from
 `system.capacity` tiers, else every client has `rate`; a capacity below min(P) is refused.
 
-Aggregation (Sec. 4, "heterogeneity-aware aggregation"): each nested block is averaged over the
-clients whose p_max prefix holds it, i.e. each parameter over the clients that hold it; a parameter
-nobody holds keeps its value. This is the "covered" masked mean of methods/base.py, sample-size
+Aggregation (Sec. 3): each nested block of the model is averaged over the clients whose p_max
+prefix holds it, i.e. each parameter over the clients that hold it; a parameter nobody holds keeps
+its value. This is the "covered" masked mean of methods/base.py, sample-size
 weighted as the authors' Flower baseline weights it by the clients' examples.
 
 Inference rule: the largest width any client can draw, with a capacity-1 client the full model (p = 1,
@@ -90,10 +90,11 @@ class OrderedDropout(nn.Module):
     per-step networks (sub-models, or the full model at p = 1) are held in a tuple, unregistered.
     """
 
-    def __init__(self, full: nn.Module, per_step: list[nn.Module]) -> None:
+    def __init__(self, full: nn.Module, per_step: list[nn.Module], widths: list[float]) -> None:
         super().__init__()
         self.full = full
         self._per_step = tuple(per_step)
+        self.widths = tuple(widths)  # the drawn width of each step (what the per-step networks are)
         self._calls = 0
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -153,7 +154,7 @@ class FjORD(WidthSubModels):
         drawn = draw_widths(allowed, int(ctx.local_steps[client]), ctx.rng("fjord", ctx.round, client))
         nets = [ctx.model if p >= 1.0 else self.submodel(p, ctx).model for p in drawn]
         flops = [1.0 if p >= 1.0 else self.submodel(p, ctx).flop_fraction for p in (drawn or allowed)]
-        network = OrderedDropout(ctx.model, nets)
+        network = OrderedDropout(ctx.model, nets, drawn)
         top = allowed[-1]
         if top >= 1.0:  # the client holds (and sends) the whole model
             plan = self.full_plan(state, client, ctx)

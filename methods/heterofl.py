@@ -18,6 +18,10 @@ features) with the sliced full parameters, so the client's
 convolutions really have the narrow shapes (the compute saving is real) and the gradient flows
 back into the kept entries of the global parameters only.
 
+Which channels a sub-model keeps is a `Channels` choice per channel space (HeteroFL: `leading`;
+FedRolex's rolling window, methods/fedrolex.py); what HeteroFL, FedRolex and FjORD (methods/fjord.py)
+share (the refusals, the plans, the bits, the width `sample` uses) is `WidthSubModels`.
+
 Scaling (the paper's "Scaler", output / r during training, so the full model stays on scale):
 a layer whose inputs were narrowed sums over a fraction s = c_in' / c_in of its inputs, so its
 weight term is divided by s (s = r when r * c0 is whole); the bias, not a sum over inputs, is

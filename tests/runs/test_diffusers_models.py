@@ -7,7 +7,7 @@ diffusers' UNet2DModel behind the built-in UNet's call, with the built-in path's
 - a missing or other diffusers, or an image side the down-sampling cannot take, is refused when the
   config is built, before any work, with the fix;
 - every registered method runs one round on diffusers-tiny, or is refused up front with the reason
-  (heterofl: its width sub-models need a width-aware network);
+  (heterofl, fedrolex, fjord: their width sub-models need a width-aware network);
 - same seed, same result: the seeded initialization (init_sha256), bitwise resume after Ctrl-C
   and after SIGKILL, batched clients equal sequential ones, 2 ranks compute the 1-process run.
 """
@@ -42,7 +42,7 @@ load_plugins()  # as the method contract does: a plugin's methods are covered to
 TINY = "diffusers-tiny"
 ONE_ROUND = {"train.model": TINY, "train.rounds": 1, "eval.samples": 4, "eval.grid": 2, "eval.sampler_steps": 2}
 # methods that cannot run on a diffusers network with their default hyperparameters, and a word of the reason
-REFUSED = {"heterofl": "width-aware network"}
+REFUSED = {"heterofl": "width-aware network", "fedrolex": "width-aware network", "fjord": "width-aware network"}
 # hyperparameters of the resumed methods, as tests/runs/test_resume.py sets them (a short router, quantized with its memory)
 SMALL = {"experts": {"router_steps": 3, "router_batch": 8}, "quantized": {"error_feedback": True}}
 
