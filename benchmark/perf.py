@@ -145,7 +145,8 @@ def synthetic_images(preset: str, n: int, seed: int) -> datasets.ImageSet:
                              labels=torch.arange(n) % 10, sha256="synthetic", source="dfbench perf")
 
 
-def _run_config(o: PerfOptions, data: datasets.ImageSet, method: str, clients: int, **train: Any) -> RunConfig:
+def run_config(o: PerfOptions, data: datasets.ImageSet, method: str, clients: int, **train: Any) -> RunConfig:
+    """The RunConfig of one timed loop: `o`'s sizes, no evaluation, `train` as train.* overrides (the rest defaults)."""
     items = {
         "data.dataset": data.name, "data.clients": clients, "train.rounds": o.rounds, "train.local_steps": o.steps,
         "train.batch_size": o.batch_size, "train.model": o.preset, "eval.metrics": "none", "seed": o.seed,
@@ -155,14 +156,16 @@ def _run_config(o: PerfOptions, data: datasets.ImageSet, method: str, clients: i
 
 
 class LoopTimer:
-    """R rounds of the real loop for one config, timed after one untimed warm-up round."""
+    """R rounds of the real loop for one config, timed after one untimed warm-up round (`warmup=False`:
+    none, the first timed round is round 1, as in a run)."""
 
-    def __init__(self, cfg: RunConfig, data: datasets.ImageSet) -> None:
+    def __init__(self, cfg: RunConfig, data: datasets.ImageSet, *, warmup: bool = True) -> None:
         self.ctx = build_context(cfg, data=data)
         self.method = methods.create_method(cfg.method, **dict(cfg.method_params))
         self.state = self.method.init_state(self.ctx.init_params, self.ctx)
         self.next_round = 1
-        self.run(1)  # warm-up
+        if warmup:
+            self.run(1)
 
     def run(self, rounds: int) -> None:
         for _ in range(rounds):
@@ -215,10 +218,10 @@ def measure_overhead(o: PerfOptions, data: datasets.ImageSet) -> list[dict[str, 
     assert o.rounds is not None and o.steps is not None
     steps = o.clients * o.steps * o.rounds
     images = steps * o.batch_size
-    plain = PlainTrainer(_run_config(o, data, "fedavg", o.clients), data)
+    plain = PlainTrainer(run_config(o, data, "fedavg", o.clients), data)
     plain.run(2)  # warm-up
     registered = set(methods.list_methods("*"))
-    loops = {m: LoopTimer(_run_config(o, data, m, o.clients), data) for m in o.methods if m in registered}
+    loops = {m: LoopTimer(run_config(o, data, m, o.clients), data) for m in o.methods if m in registered}
     best = {name: math.inf for name in ["plain", *loops]}
     for _ in range(o.repeats):
         best["plain"] = min(best["plain"], plain.time(steps))
@@ -325,7 +328,7 @@ def measure_batched(o: PerfOptions, data: datasets.ImageSet) -> list[dict[str, A
     assert o.rounds is not None and o.steps is not None and o.batched_clients is not None
     rows = []
     for n in o.batched_clients:
-        timers = {mode: LoopTimer(_run_config(o, data, "fedavg", n, clients_mode=mode), data) for mode in ("sequential", "batched")}
+        timers = {mode: LoopTimer(run_config(o, data, "fedavg", n, clients_mode=mode), data) for mode in ("sequential", "batched")}
         best = {mode: math.inf for mode in timers}
         for _ in range(o.repeats):
             for mode, lt in timers.items():
@@ -354,7 +357,7 @@ def measure_variants(o: PerfOptions, data: datasets.ImageSet) -> list[dict[str, 
 def _measure_variants(o: PerfOptions, data: datasets.ImageSet) -> list[dict[str, Any]]:
     assert o.rounds is not None and o.steps is not None
     cuda = torch.device(o.device).type == "cuda"
-    cfg = _run_config(o, data, "fedavg", o.clients)
+    cfg = run_config(o, data, "fedavg", o.clients)
     variants: list[tuple[str, dict[str, Any]]] = [
         ("fp32", {}), ("bf16 autocast", {"amp": "bf16"}), ("channels_last", {"channels_last": True}),
         ("bf16 + channels_last", {"amp": "bf16", "channels_last": True}),
