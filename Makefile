@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -188,6 +188,14 @@ bench-cifar10-gpu-plan: $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed)
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)
+
+# Flower's simulation engine runs the same FedAvg work as dfbench's round (benchmark/flower_bench.py): the `flower`
+# extra is installed into the venv on first use. OMP_NUM_THREADS is unset: the script gives ours the machine's cores
+# (as a lone `dfbench run` has) and each Flower client num_cpus threads itself. FLOWER_ARGS: e.g. "--repeats 5".
+FLOWER_ARGS ?=
+bench-flower: $(VENV)/.installed ## dfbench's round vs Flower's simulation engine, same FedAvg work at 2/10/40 local steps, 3 repeats (installs flwr[simulation]), table in results/perf/flower.md
+	@$(BIN)/python -c "import flwr" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[flower]'
+	env -u OMP_NUM_THREADS $(BIN)/python -m dfbench.benchmark.flower_bench --out results/perf $(FLOWER_ARGS)
 
 gpu-check: ## on a CUDA machine: smoke runs, CUDA-only flags + determinism, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min; runs this checkout uninstalled, pip-installs missing deps; PYTHON=... picks the interpreter)
 	scripts/gpu_check.sh

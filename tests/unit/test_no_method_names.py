@@ -42,6 +42,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmark/perf.py", "fedavg"): "perf's measured configurations: the plain round it times (a benchmark's input, not a branch)",
     ("benchmark/perf.py", "random_prune"): "perf's default methods for the overhead rows (a benchmark's input)",
     ("benchmark/perf.py", "quantized"): "perf's default methods for the overhead rows (a benchmark's input)",
+    ("benchmark/flower_bench.py", "fedavg"):
+        "the side-by-side benchmark's work is FedAvg on both sides (Flower's FedAvg strategy): a benchmark's input",
     ("benchmark/studies/paper_figures.py", "random_prune"):
         "the paper-fmnist study's figures are about its two pruning methods: their legend labels",
     ("benchmark/studies/paper_figures.py", "topk_prune"):
