@@ -402,8 +402,8 @@ def render(report: dict[str, Any]) -> str:
         f"- work: {w['clients']} clients x S local steps x {w['rounds']} round(s), FedAvg, {w['preset']} "
         f"({report['parameters']:,} parameters), batch {w['batch_size']}, every client every round; {data}; "
         "both sides train with dfbench's `local_train`",
-        f"- ours: `train_round` over a RunContext, torch threads {report['threads']}; default train.amp="
-        f"{report['ours_amp']} (runs as {report['ours_amp_used']}); float32: train.amp=off",
+        f"- ours: `train_round` over a RunContext, torch threads {report['threads']}; the run's default train.amp, "
+        f"resolved to {report['ours_amp']} (runs as {report['ours_amp_used']}); float32: train.amp=off",
         f"- Flower: `run_simulation`, ServerApp with FedAvg(fraction_train=1.0), ClientApp calling `local_train` "
         f"in float32 with torch.set_num_threads(num_cpus); Ray given {report['threads']} CPU(s), client_resources "
         f"num_cpus {', '.join(map(str, cpus))} (num_gpus 0)",

@@ -104,7 +104,7 @@ def _report(runs=RUNS, cpus=(1, 2)) -> dict:
     return {"machine": MACHINE, "options": {"num_cpus": list(cpus), "repeats": 3},
             "work": {"clients": 10, "rounds": 3, "preset": "small28", "batch_size": 32, "data": "synthetic",
                      "synthetic_images": 60000},
-            "threads": 2, "parameters": 1234, "ours_amp": "auto", "ours_amp_used": "bf16",
+            "threads": 2, "parameters": 1234, "ours_amp": "bf16", "ours_amp_used": "bf16",
             "tables": {span: fb.summarize(runs, cpus, span) for span in fb.SPANS},
             "startup": fb.startup_rows(runs, cpus), "same_work": [{"steps": 2, "num_cpus": 1, "rel_diff": 3e-7}]}
 
@@ -112,7 +112,7 @@ def _report(runs=RUNS, cpus=(1, 2)) -> dict:
 def test_page_has_the_machine_both_spans_and_the_ratios():
     page = fb.render(_report())
     assert fb.machine_line(MACHINE) in page
-    assert "synthetic uint8 images" in page and "train.amp=auto (runs as bf16)" in page
+    assert "synthetic uint8 images" in page and "train.amp, resolved to bf16 (runs as bf16)" in page
     head = ("| local steps | ours (default) min / median s | ours float32 min / median s | Flower num_cpus=1 min / median s "
             "| Flower num_cpus=2 min / median s | Flower best / ours (default) | Flower best / ours (float32) |")
     assert page.count(head) == 2  # whole run and rounds 2..R
