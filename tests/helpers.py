@@ -128,7 +128,9 @@ def rows(d: Any) -> list[dict]:
     """A run folder's rounds.jsonl rows without their wall-clock field (for bitwise comparisons)."""
     import json
 
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
+    from dfbench.benchmark.core.runfolder import without_wall_clock
+
+    return [without_wall_clock(r) for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
 
 
 def write_grid(path: Any, base: dict[str, Any], axes: dict[str, list[Any]] | None = None,

@@ -45,6 +45,14 @@ PARTITION = "partition.json"
 NUMERICS = "numerics.json"  # the device numerics of every start of the run (benchmark/core/numerics.py)
 ROUNDS = "rounds.jsonl"
 CURVE = "curve.jsonl"  # quality-curve points (eval.every), one JSON object per line like rounds.jsonl
+#: the fields of a rounds.jsonl / curve.jsonl row that are measured wall-clock times: everything else in a row
+#: is a function of the config (bitwise, on one machine), these never are
+WALL_CLOCK = ("wall_seconds", "client_train_seconds")
+
+
+def without_wall_clock(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` without its measured wall-clock fields (WALL_CLOCK): what two runs of one config share bit for bit."""
+    return {k: v for k, v in row.items() if k not in WALL_CLOCK}
 METRICS = "metrics.json"
 RESCORED = "rescored.json"  # rows `dfbench eval` added after the run (new metrics); metrics.json stays the run's own
 DRIFT = "drift.json"  # drift recorded after the evaluation (the reference finished later); read beside metrics.json

@@ -13,6 +13,7 @@ gradient history moves nothing).
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ class LocalResult:
     params: torch.Tensor  # flat [P], a fresh tensor
     loss: float  # mean diffusion loss over the steps
     sigma1_sq: float | None  # mini-batch gradient variance estimate (see below)
+    seconds: float | None = None  # measured wall time of the client's training (None: not measured alone, e.g. lockstep)
 
 
 def draw_batch(images: torch.Tensor, indices: torch.Tensor, batch_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -129,6 +131,7 @@ def local_train(
     step.step_correction (e.g. SCAFFOLD's c - c_i): after every optimizer step the parameters also
     move by -lr * step_correction, i.e. the correction is added to the step's direction.
     """
+    t0 = time.perf_counter()
     net = step.network if step.network is not None else model
     mask, prox_mu, step_correction = step.mask, step.proximal_mu, step.step_correction
     batch_size, lr, grad_clip, amp = settings.batch_size, settings.lr, settings.grad_clip, settings.amp
@@ -170,4 +173,7 @@ def local_train(
     sigma1 = None
     if probe:
         sigma1 = float((g_sq - g_sum.square().sum() / probe) / (probe - 1))
-    return LocalResult(params=flat.detach().clone(), loss=float(total) / steps, sigma1_sq=sigma1)
+    params = flat.detach().clone()
+    if params.device.type == "cuda":
+        torch.cuda.synchronize(params.device)  # the measured time is the work's, not the queue's
+    return LocalResult(params=params, loss=float(total) / steps, sigma1_sq=sigma1, seconds=time.perf_counter() - t0)

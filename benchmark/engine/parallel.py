@@ -91,7 +91,7 @@ def _worker(train: Callable[[int], LocalResult], order: list[int], counter: Any,
                 break
             k = order[i]
             res = train(k)
-            conn.send(("ok", k, res.params.numpy(), res.loss, res.sigma1_sq))
+            conn.send(("ok", k, res.params.numpy(), res.loss, res.sigma1_sq, res.seconds))
         conn.send(("done",))
     except BaseException:  # noqa: BLE001 -- every failure goes back to the server, named
         conn.send(("error", traceback.format_exc()))
@@ -136,8 +136,8 @@ def train_clients(train: Callable[[int], LocalResult], order: list[int], workers
                                        f"{p.exitcode} (killed, or out of memory?); run with --set train.client_workers=1 "
                                        "to train the clients one after another in this process") from None
                 if msg[0] == "ok":
-                    _, k, params, loss, sigma1 = msg
-                    out[k] = LocalResult(params=torch.from_numpy(params), loss=loss, sigma1_sq=sigma1)
+                    _, k, params, loss, sigma1, seconds = msg
+                    out[k] = LocalResult(params=torch.from_numpy(params), loss=loss, sigma1_sq=sigma1, seconds=seconds)
                 elif msg[0] == "error":
                     raise RuntimeError(f"a client failed in its worker process:\n{msg[1]}")
                 else:  # "done"

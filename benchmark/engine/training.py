@@ -61,6 +61,7 @@ class ClientStats:
     trained_params: int  # its sub-model's size (the full model by default)
     flop_fraction: float
     seconds: float  # simulated: downlink + local work + uplink (benchmark/engine/clock.py)
+    train_seconds: float | None = None  # measured: its local training's wall time (None in lockstep)
 
 
 def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, torch.Tensor]:
@@ -160,7 +161,7 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
         S.add("uplink_bits", up.uplink_bits)
         per_client[k] = ClientStats(steps=steps, loss=res.loss, uplink_bits=int(up.uplink_bits), downlink_bits=int(plan.downlink_bits),
                                     trained_params=int(plan.trained_params if plan.trained_params is not None else ctx.layout.total),
-                                    flop_fraction=float(plan.flop_fraction), seconds=seconds)
+                                    flop_fraction=float(plan.flop_fraction), seconds=seconds, train_seconds=res.seconds)
         add_upload(method, acc, S, up, plan, res.loss, res.sigma1_sq, state, ctx, mechanisms)
     distributed.all_reduce_(acc, what=f"round {r}'s all_reduce")
     per_client = distributed.gather_dict(per_client, what=f"round {r}'s per-client gather")  # small; pickled
@@ -226,6 +227,8 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
         "flop_fraction": [round(per_client[k].flop_fraction, 6) for k in ks],
         "dropped_clients": [],
         "client_seconds": [round(per_client[k].seconds, 6) for k in ks],  # simulated
+        # measured wall time of each client's local training (images/s = steps x batch / this); None in lockstep
+        "client_train_seconds": [None if per_client[k].train_seconds is None else round(per_client[k].train_seconds, 4) for k in ks],
         "late_clients": [],  # past system.deadline: update dropped
         "round_seconds": 0.0,
         # client work: images through the full model (steps x batch x FLOP fraction), reported updates only

@@ -33,11 +33,11 @@ def _curve(d: Path) -> list[dict]:
 
 
 def _rows(d: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in runfolder.read_rounds(d)]
+    return [runfolder.without_wall_clock(r) for r in runfolder.read_rounds(d)]
 
 
 def _no_wall(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]
+    return [runfolder.without_wall_clock(r) for r in rows]
 
 
 def test_curve_points_and_a_run_with_them_trains_bitwise_as_one_without(tmp_path, tiny_data):

@@ -103,7 +103,7 @@ def results(d: Path) -> dict[str, Any]:
     for name in (runfolder.CONFIG, runfolder.PARTITION, runfolder.NUMERICS, runfolder.GRID, runfolder.SAMPLES):
         out[name] = (d / name).read_bytes()
     for name in (runfolder.ROUNDS, runfolder.CURVE):
-        out[name] = [{k: v for k, v in r.items() if k != "wall_seconds"} for r in _rows(d, name)]
+        out[name] = [runfolder.without_wall_clock(r) for r in _rows(d, name)]
     metrics = json.loads((d / runfolder.METRICS).read_text())
     out[runfolder.METRICS] = {k: v for k, v in metrics.items() if k not in WALL}
     out[runfolder.STATUS] = {k: v for k, v in runfolder.read_status(d).items() if k not in ("updated", "updated_epoch")}

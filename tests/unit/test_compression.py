@@ -53,7 +53,7 @@ def _vec(n: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
 
 
 def _rows(d: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
+    return [runfolder.without_wall_clock(r) for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
 
 
 def _upload(m: methods.Method, delta: torch.Tensor, client: int, state: methods.ServerState, ctx) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dfbench import methods
+from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.training import train_round
@@ -134,8 +135,7 @@ def _train(name: str, tiny_data, params=None, over=None):
     state, out = method.init_state(ctx.init_params, ctx), []
     for r in (1, 2):
         state, row = train_round(method, state, ctx, r)
-        row.pop("wall_seconds")
-        out.append(row)
+        out.append(runfolder.without_wall_clock(row))
     return ctx, method, state.params, out
 
 
