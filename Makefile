@@ -10,10 +10,10 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower gpu-check clean-demo
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -143,6 +143,14 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression --claims results/cpu-compression/cpu-compression.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
 	$(BIN)/python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
+
+bench-cpu-bf16: $(VENV)/.installed ## bf16 autocast vs float32 training, paper-fmnist's FedAvg cell, 10 fresh seeds, equivalence within 5 % in three metrics (~35 min on 2 cores), results in results/cpu-bf16/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-bf16/cpu-bf16.toml --download --workers $(CPU_WORKERS) --out results/cpu-bf16/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-bf16/runs --out results/cpu-bf16 --claims results/cpu-bf16/cpu-bf16.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-bf16 && exit $$status
+
+bench-run-speed: $(VENV)/.installed ## one dfbench run of paper-fmnist's FedAvg cell before / after issue 52's speed-ups, side by side (~12 min on 2 cores), results/cpu-bf16/speed_run.md
+	$(BIN)/python results/cpu-bf16/run_speed.py
 
 bench-cpu-experts: $(VENV)/.installed ## DDM's routing claim: top-1 vs the full mixture of the same K = 2 experts on paper-fmnist's CPU recipe, 6 seeds (~25 min on 2 cores), results in results/cpu-experts/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-experts/cpu-experts.toml --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
