@@ -97,12 +97,21 @@ class ModelPreset:
 # "base*" are the GPU presets of the paper-scale grids. CPU costs are scaled from the small28 figure by
 # relative timings; the diffusers presets' ratios to small28 were timed beside it (one thread, 2-core AMD
 # EPYC Zen 4): diffusers-tiny 0.88x, diffusers-ddpm-cifar10 98x (568 ms against 5.8 ms a sample-gradient).
+# ddpm32 is DDPM's CIFAR-10 network (the shape of diffusers-ddpm-cifar10: widths 128-256-256-256, 2 blocks per
+# level, attention at 16x16 = level 1 and in the middle, time embedding 512) built from the built-in UNet, so the
+# width sub-models (HeteroFL, FedRolex, FjORD) can slice it; its norms are the built-in GroupNorm(gcd(8, C)), not
+# GroupNorm(32). Its parameter count equals diffusers-ddpm-cifar10's exactly (35,746,307 with 3 channels,
+# 35,741,697 with 1; the paper's 35.7M), and so do its FLOPs. Its cost is small28's scaled by the FLOPs of one
+# sample-gradient (forward + backward, torch.utils.flop_counter at 32x32 against small28's at 28x28):
+# 37.32 GFLOP / 0.281 GFLOP = 132.8x, i.e. 398.5 ms; the same ratio gives the diffusers twin 398.5 against its
+# timed 290 (larger convolutions run more FLOPs a second on a CPU), so read it as an upper estimate.
 PRESETS: Mapping[str, ModelPreset] = types.MappingProxyType({  # each family small to large
     "tiny": ModelPreset("builtin", 1.0, UNetSpec(channels=8, mults=(1, 2), blocks=1, attn_levels=(), mid_attn=False)),
     "small28": ModelPreset("builtin", 3.0, UNetSpec(channels=16, mults=(1, 2, 2), blocks=1, attn_levels=())),  # 28 -> 14 -> 7
     "small32": ModelPreset("builtin", 11.0, UNetSpec(channels=32, mults=(1, 2, 2), blocks=1, attn_levels=())),  # 32 -> 16 -> 8
     "base28": ModelPreset("builtin", 36.0, UNetSpec(channels=64, mults=(1, 2, 2), blocks=2, attn_levels=(2,))),  # 28 -> 14 -> 7
     "base32": ModelPreset("builtin", 67.0, UNetSpec(channels=64, mults=(1, 2, 2, 2), blocks=2, attn_levels=(2,))),  # 32 -> 16 -> 8 -> 4
+    "ddpm32": ModelPreset("builtin", 398.5, UNetSpec(channels=128, mults=(1, 2, 2, 2), blocks=2, attn_levels=(1,))),  # 32 -> 16 -> 8 -> 4
     "diffusers-tiny": ModelPreset("diffusers", 2.6, diffusers=types.MappingProxyType(_TINY_UNET2D)),
     "diffusers-ddpm-cifar10": ModelPreset("diffusers", 290.0, diffusers=types.MappingProxyType(_DDPM_CIFAR10_UNET2D)),
 })

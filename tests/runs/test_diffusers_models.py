@@ -53,6 +53,7 @@ PARAMS = {
     "small32": {1: 1_062_497, 3: 1_063_651},
     "base28": {1: 6_469_889, 3: 6_472_195},
     "base32": {1: 8_949_761, 3: 8_952_067},
+    "ddpm32": {1: 35_741_697, 3: 35_746_307},  # diffusers-ddpm-cifar10's shape in the built-in UNet: the same counts
     "diffusers-tiny": {1: 44_969, 3: 45_259},
     "diffusers-ddpm-cifar10": {1: 35_741_697, 3: 35_746_307},
 }
@@ -70,7 +71,7 @@ def test_the_preset_table_is_what_the_config_and_the_families_read():
     assert typing.get_args(Preset) == ("auto", *presets.ALL)
     assert presets.BUILTIN == tuple(n for n in presets.ALL if presets.PRESETS[n].unet is not None)
     assert set(PARAMS) == set(presets.ALL)
-    assert [presets.family(n) for n in presets.ALL] == ["builtin"] * 5 + ["diffusers"] * 2
+    assert [presets.family(n) for n in presets.ALL] == ["builtin"] * 6 + ["diffusers"] * 2
     assert presets.side_multiple("diffusers-ddpm-cifar10") == 8 and presets.side_multiple(TINY) == 2
     assert presets.side_multiple("small28") == 1
     # every preset has a CPU cost for the grid planner, and the small ones are the cheap ones
