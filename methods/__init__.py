@@ -7,8 +7,8 @@ Adding a method: write methods/<name>.py with a `Method` subclass decorated by
 plugin instead (methods/plugins.py: an entry point, --plugin or DFBENCH_PLUGINS).
 """
 
-from .base import (Capabilities, ClientPlan, LocalStep, Mechanism, Method, SampleVariants, ServerState, Upload,
-                   masked_weighted_mean)
+from .base import (Capabilities, ClientPlan, EdgeLoad, LocalStep, Mechanism, Method, SampleVariants, ServerState,
+                   Upload, masked_weighted_mean)
 from .context import MethodContext, ParamLayout
 from .registry import (create_method, get_method_class, list_methods, method_config, method_families, method_help,
                        register_method)
@@ -24,14 +24,15 @@ from . import scaffold  # noqa: F401,E402
 from . import heterofl  # noqa: F401,E402
 from . import fedrolex  # noqa: F401,E402
 from . import fjord  # noqa: F401,E402
+from . import fedphd  # noqa: F401,E402
 from . import topk_update  # noqa: F401,E402
 from . import signsgd  # noqa: F401,E402
 from . import qsgd  # noqa: F401,E402
 from . import powersgd  # noqa: F401,E402
 
 __all__ = [
-    "Capabilities", "ClientPlan", "LocalStep", "Mechanism", "Method", "MethodContext", "ParamLayout", "SampleVariants",
-    "ServerState", "Upload", "masked_weighted_mean",
+    "Capabilities", "ClientPlan", "EdgeLoad", "LocalStep", "Mechanism", "Method", "MethodContext", "ParamLayout",
+    "SampleVariants", "ServerState", "Upload", "masked_weighted_mean",
     "create_method", "get_method_class", "list_methods", "method_config", "method_families", "method_help",
     "register_method",
 ]

@@ -53,13 +53,20 @@ protocol instead of leaking into the round):
     round's row -- so no method knows about it. The round runs the mechanisms it is given, in
     order. A mechanism that rewrites FedAvg's sums (wsum, wcov, wtotal) runs only with methods
     whose capabilities include `mean_aggregation`.
+(d) A two-level topology (system.edges > 0: clients -> edge servers -> cloud, benchmark/engine/hierarchical.py):
+    every edge round is an ordinary round of the same hooks at an edge server, from that edge's
+    model; the method says which edge each client reports to (`assign_edges`), how the cloud
+    weighs the edge models (`cloud_weights`), and how many bits a model costs between two servers
+    (`model_bits`). A server state that is more than the parameters (server optimizer moments,
+    control variates) has no cloud average: such a method declares `Capabilities(hierarchical=False)`.
+    Per-client memory (`client_state`) stays the client's own: the edges share it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -142,6 +149,18 @@ class Upload:
 
 
 @dataclass(frozen=True)
+class EdgeLoad:
+    """What one edge server has aggregated so far in the current cloud round (see (d) above)."""
+
+    rounds: tuple[tuple[int, ...], ...] = ()  # per edge round so far: the clients whose updates it aggregated
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        """Every aggregated update's client, edge round by edge round (a client may appear in several)."""
+        return tuple(k for ks in self.rounds for k in ks)
+
+
+@dataclass(frozen=True)
 class SampleVariants:
     """A method's ways to sample one trained model: the one `Method.sample` uses, and the others.
 
@@ -221,6 +240,10 @@ class Capabilities:
     #: nothing else? Differential privacy (privacy.clip > 0) clips and noises exactly those sums;
     #: no when the method reads more (control variates, sign votes, a router trained on client data).
     mean_aggregation: bool = True
+    #: Can its server step run at edge servers whose models the cloud averages (system.edges > 0)? No
+    #: when its server state is more than the parameters (optimizer moments, control variates, a
+    #: router): the cloud would have no rule to merge the edges' copies of it.
+    hierarchical: bool = True
     #: What the method does that a missing capability cannot (the refusal says it), e.g.
     #: "corrects every local step by a control variate".
     needs: str = ""
@@ -304,6 +327,10 @@ class Method:
             raise ValueError(f"method {cls.name!r} cannot run with differential privacy (privacy.clip={run.privacy.clip:g}): DP "
                              f"clips and noises FedAvg's weighted mean of the client models, and this method's server "
                              f"reads more than that{why}; use --set privacy.clip=0, or a method such as fedavg")
+        if run.system.edges and not can.hierarchical:
+            raise ValueError(f"method {cls.name!r} cannot run under edge servers (system.edges={run.system.edges}): its "
+                             f"server state is more than the parameters, which the cloud averages{why}; use --set "
+                             "system.edges=0")
         if world > 1 and not can.several_ranks:
             raise ValueError(f"method {cls.name!r} needs a single process (world size 1, here {world}){why}; "
                              "run it without torchrun")
@@ -374,6 +401,24 @@ class Method:
             rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.masked_mean).to(theta.dtype)
                         if wt > 0 else theta[g].clone())
         return ServerState(params=torch.stack(rows).reshape(state.params.shape), extra=state.extra)
+
+    # -- the two-level topology (system.edges > 0: benchmark/engine/hierarchical.py) -----------------
+    def assign_edges(self, clients: list[int], loads: Sequence[EdgeLoad], ctx: "MethodContext") -> list[int]:
+        """The edge server (0..E-1) each of an edge round's sampled `clients` reports to, given what every
+        edge has aggregated so far in this cloud round (`loads`, one per edge). Default: a fixed
+        assignment of contiguous client ids, client k -> edge floor(k E / N) (N / E clients each, +-1)."""
+        return [k * len(loads) // ctx.num_clients for k in clients]
+
+    def cloud_weights(self, loads: Sequence[EdgeLoad], ctx: "MethodContext") -> list[float]:
+        """The cloud's weight of each edge model (the cloud's model is their weighted mean): n_e, the
+        samples of the distinct clients whose updates edge e aggregated in this cloud round; an edge
+        that aggregated nothing weighs 0 (its model is the cloud's)."""
+        return [float(sum(int(ctx.client_sizes[k]) for k in set(load.clients))) for load in loads]
+
+    def model_bits(self, state: ServerState, ctx: "MethodContext") -> int:
+        """Bits of the server's model as one server sends it to another (cloud -> edge, edge -> cloud):
+        32 per parameter."""
+        return FLOAT_BITS * state.params.numel()
 
     # -- end of training and sampling ------------------------------------------------
     def finalize(self, state: ServerState, ctx: "MethodContext") -> dict[str, Any]:

@@ -66,6 +66,10 @@ class MethodContext(Protocol):
     def image_shape(self) -> tuple[int, int, int]: ...
 
     @property
+    def labels(self) -> np.ndarray:
+        """The training images' class labels, int64 [N] (a client's label mix: labels[partition.indices[k]])."""
+
+    @property
     def objective(self) -> str:
         """The run's objective (train.objective): "ddpm" or "fm"."""
 

@@ -120,6 +120,7 @@ class Experts(Method):
         midway_sampling=False,  # the mixture samples through the router, which finalize() trains after the last round
         mean_aggregation=False,  # its router is trained on the clients' data after the last round, outside any sum
         asynchronous=False,  # not built: per-expert groups under stale updates
+        hierarchical=False,  # not built: per-expert groups and the router under edge servers
         needs="trains isolated experts per cluster and samples through a router trained after the last round")
 
     @dataclass(frozen=True)

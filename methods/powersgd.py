@@ -173,6 +173,10 @@ class PowerSGD(CompressedUpdate):
             raise ValueError("method.downlink=factors of 'powersgd' cannot run with differential privacy (privacy.clip="
                              f"{run.privacy.clip:g}): it broadcasts every client's own factors, which the noise on the "
                              "aggregate does not cover; use --set method.downlink=full")
+        if config.downlink == "factors" and run.system.edges:
+            raise ValueError(f"method.downlink=factors of 'powersgd' cannot run under edge servers (system.edges="
+                             f"{run.system.edges}): its broadcast describes one server's aggregate; use --set "
+                             "method.downlink=full or system.edges=0")
 
     def _plan(self, ctx: "MethodContext") -> list[Block]:
         if self._blocks is None or self._blocks[0] != ctx.layout.shapes:

@@ -69,6 +69,7 @@ class Scaffold(Method):
         several_ranks=False,  # c_i is per-client memory
         mean_aggregation=False,  # its upload also carries the control-variate change delta_c
         asynchronous=False,  # c and c_i are one synchronous round's averages; its upload carries delta_c
+        hierarchical=False,  # the server's c has no cloud average of edge copies
         needs="it corrects every local step by c - c_i and keeps each client's control variate c_i across rounds")
 
     @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from .base import Method, ServerState, masked_weighted_mean
+from .base import Capabilities, Method, ServerState, masked_weighted_mean
 from .registry import register_method
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ class _ServerOptimizer(Method):
     """FedAvg's clients and aggregation, then one server optimizer step on the pseudo-gradient."""
 
     family: ClassVar[str | None] = "serveropt"
+    capabilities = Capabilities(hierarchical=False,  # the moments are one server's: no cloud average of edge copies
+                                needs="it keeps the server optimizer's moments across rounds")
 
     def server_step(self, delta: torch.Tensor, extra: dict, dtype: torch.dtype) -> torch.Tensor:
         """float64 step s with x_{t+1} = x_t + s; updates the optimizer state in `extra` (stored in `dtype`)."""

@@ -55,6 +55,10 @@ def _asynchronous(get: schema.Getter) -> bool:  # the asynchronous driver's knob
     return get("train.driver") != "sync"
 
 
+def _hierarchical(get: schema.Getter) -> bool:  # flat (no edge servers): the edge rounds change nothing
+    return bool(get("system.edges"))
+
+
 def _curve_on(get: schema.Getter) -> bool:  # no curve: its sample count changes nothing
     return bool(get("eval.every"))
 
@@ -205,6 +209,10 @@ class SystemConfig:
     uplink_mbps: float = declare(0.0, since=4, neutral=0.0)  # client -> server link, Mbit/s (0 = instantaneous)
     downlink_mbps: float = declare(0.0, since=4, neutral=0.0)  # server -> client link, Mbit/s (0 = instantaneous)
     deadline: float = declare(0.0, since=4, neutral=0.0)  # round deadline in simulated seconds: a later client's update is dropped (0 = none)
+    # -- the two-level topology (benchmark/engine/hierarchical.py): clients -> edge servers -> cloud --
+    edges: int = declare(0, since=8, neutral=0)  # edge servers (0 = flat: clients report to the server directly)
+    # edge aggregations per cloud round (train.rounds counts cloud rounds; each edge round is an ordinary round of its clients)
+    edge_rounds: int = declare(1, since=8, neutral=1, active=_hierarchical)
 
 
 @dataclass(frozen=True)
@@ -459,6 +467,7 @@ def check_fields(cfg: RunConfig) -> None:
         ]:
             require(not bad, key, value, allowed)
     require(0.0 < s.participation <= 1.0, "system.participation", s.participation, "a number in (0, 1]")
+    _check_edges(cfg)
     require(s.sampling in typing.get_args(Sampling), "system.sampling", s.sampling, ", ".join(typing.get_args(Sampling)))
     require(not (s.sampling == "poisson" and t.driver == "fedbuff"), "system.sampling", s.sampling,
             "fixed with train.driver=fedbuff (train.concurrency picks who trains)")
@@ -491,6 +500,22 @@ def check_fields(cfg: RunConfig) -> None:
     require(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
     require(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
+
+
+def _check_edges(cfg: RunConfig) -> None:
+    """system.edges / system.edge_rounds: the values, and what the hierarchical driver does not run
+    (benchmark/engine/hierarchical.py; the method's part is its `check`, the ranks' resolve.py's)."""
+    s, t = cfg.system, cfg.train
+    require(s.edges >= 0, "system.edges", s.edges, "an integer >= 0 (0 = flat: no edge servers)")
+    require(s.edge_rounds >= 1, "system.edge_rounds", s.edge_rounds, "an integer >= 1 (edge aggregations per cloud round)")
+    if not s.edges:
+        return
+    require(s.edges <= cfg.data.clients, "system.edges", s.edges, f"at most data.clients ({cfg.data.clients})")
+    require(t.driver == "sync", "train.driver", t.driver,
+            f"sync with system.edges={s.edges} (the edge servers aggregate synchronous rounds); or set system.edges=0")
+    require(not cfg.privacy.clip, "privacy.clip", cfg.privacy.clip,
+            f"0 with system.edges={s.edges} (the DP accountant composes one subsampled Gaussian mechanism per flat "
+            "round, not per edge round); or set system.edges=0")
 
 
 def _check_privacy(cfg: RunConfig) -> None:

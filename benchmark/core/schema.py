@@ -40,9 +40,9 @@ from typing import Any, Literal
 #: Bump it when a field is added, and give the new field `since=` the new version and its `neutral`.
 #: v1 the published ids; v2 train.lr_decay; v3 train.time_sampling; v4 the simulated clock, the
 #: quality curve and the asynchronous driver; v5 DP, Poisson sampling and the leakage metrics;
-#: v6 data.client_images (now data.images_per_client); v7 data.sha256 (data users bring). A rename is no new
-#: version: the field keeps its hashed name (`hash_name`).
-SCHEMA_VERSION = 7
+#: v6 data.client_images (now data.images_per_client); v7 data.sha256 (data users bring); v8 system.edges and
+#: system.edge_rounds (the two-level topology). A rename is no new version: the field keeps its hashed name (`hash_name`).
+SCHEMA_VERSION = 8
 
 #: keys config.json holds beside the config: bookkeeping, never part of an experiment
 BOOKKEEPING = ("run_id", "version", "schema")

@@ -73,10 +73,12 @@ class RunContext:
     world: int = 1
 
     # -- the round ------------------------------------------------------------------------
-    def at_round(self, round_: int, weight: float = 1.0) -> "RunContext":
+    def at_round(self, round_: int, weight: float = 1.0, lr: float | None = None) -> "RunContext":
         """This context in round `round_` whose aggregated clients hold `weight` samples in all:
-        a shallow copy (the same data, network and buffers) with that round's `RoundState`."""
-        return replace(self, round_state=RoundState(round=round_, weight=weight, lr=round_lr(self.cfg.train, round_)))
+        a shallow copy (the same data, network and buffers) with that round's `RoundState`. Its lr is
+        `round_`'s under train.lr_decay unless given (an edge round has its cloud round's, hierarchical.py)."""
+        lr = round_lr(self.cfg.train, round_) if lr is None else lr
+        return replace(self, round_state=RoundState(round=round_, weight=weight, lr=lr))
 
     @property
     def round(self) -> int:

@@ -30,7 +30,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
-from dfbench.benchmark.engine import heldout, leakage, privacy
+from dfbench.benchmark.engine import heldout, hierarchical, leakage, privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.engine.resolve import apply_overrides, config_from_dict
 from dfbench.benchmark.metrics.drift import attach_drift
@@ -258,6 +258,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         "rounds": cfg.train.rounds,
         "uplink_bits": int(totals["uplink_bits"]),
         "downlink_bits": int(totals["downlink_bits"]),
+        # edge servers (system.edges > 0): the edge <-> cloud links, beside the clients' (engine/hierarchical.py)
+        **{k: int(totals[k]) for k in hierarchical.EDGE_BITS if k in totals},
         "dropped_updates": int(totals["dropped_updates"]),
         "gamma_star": totals["gamma_star"],
         "w2_mean": float(np.mean([r["w2"] for r in rounds])) if rounds else None,

@@ -6,7 +6,8 @@ run(cfg, out):
     plugin), partition.json, status running
     resume from the newest readable checkpoint, or start from the seeded initial state
     for r in rounds: train_round (training.py; with the config's mechanisms, e.g. DP: privacy.py), or the asynchronous driver's step (asynchronous.py,
-        train.driver=fedbuff; its state is checkpointed too) -> rounds.jsonl row, atomic checkpoint
+        train.driver=fedbuff; its state is checkpointed too), or the hierarchical driver's cloud round (hierarchical.py,
+        system.edges > 0) -> rounds.jsonl row, atomic checkpoint
     method.finalize, then evaluation (evaluate.py): samples, grid.png, metrics.json, status done
 Every way out leaves a status behind: done, diverged, failed (with the error), interrupted
 (SIGTERM, via `Interrupted`: the next run resumes it) or running (killed, Ctrl-C: resumed too).
@@ -31,11 +32,10 @@ from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
-from dfbench.benchmark.engine import distributed, parallel, privacy
+from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, parallel, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.resolve import resolve
-from dfbench.benchmark.engine.asynchronous import make_driver
 from dfbench.benchmark.engine.training import train_round
 from dfbench.benchmark.tracking import Trackers, parse_trackers
 from dfbench.methods.plugins import method_origin
@@ -256,7 +256,8 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         ctx.model.compile()
     state = method.init_state(ctx.init_params, ctx)
     ema = state.params.clone() if cfg.train.ema > 0 else None
-    driver = make_driver(method, ctx)  # None: synchronous rounds (training.py); else FedBuff (asynchronous.py)
+    # None: synchronous rounds (training.py); else FedBuff (asynchronous.py) or edge servers (hierarchical.py)
+    driver = asynchronous.make_driver(method, ctx) or hierarchical.make_driver(method, ctx)
     totals = {"uplink_bits": 0, "downlink_bits": 0, "dropped_updates": 0, "wall_seconds": 0.0, "gamma_star": None,
               "sim_seconds": 0.0, "client_images": 0.0}
     ck = runfolder.load_checkpoint(d, str(ctx.device)) if writer else None
@@ -291,6 +292,9 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         row["gamma_star"] = totals["gamma_star"]
         for k in ("uplink_bits", "downlink_bits", "dropped_updates", "wall_seconds"):
             totals[k] += row[k]
+        for k in hierarchical.EDGE_BITS:  # (edge servers only: a flat run's totals and metrics.json stay as they were)
+            if k in row:
+                totals[k] = totals.get(k, 0) + row[k]
         totals["sim_seconds"] += row["round_seconds"]
         totals["client_images"] += row["client_images"]
         row["sim_seconds"] = round(totals["sim_seconds"], 6)  # simulated time at the end of the round

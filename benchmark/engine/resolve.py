@@ -43,6 +43,8 @@ def resolve(cfg: RunConfig, world: int = 1) -> RunConfig:
         raise ConfigError(f"invalid value for 'data.partition': {err}") from None
     require(not (cfg.train.driver == "fedbuff" and world > 1), "train.driver", cfg.train.driver,
             f"sync under torchrun (here {world} ranks): the asynchronous driver runs in one process")
+    require(not (cfg.system.edges and world > 1), "system.edges", cfg.system.edges,
+            f"0 under torchrun (here {world} ranks): the hierarchical driver runs in one process")
     try:
         config = methods.method_config(cfg.method, dict(cfg.method_params))
         resolved = replace(cfg, data=data, method_params=MethodParams(cfg.method, dataclasses.asdict(config)))

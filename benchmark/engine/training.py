@@ -91,13 +91,36 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     default: the run's, `ctx.mechanisms`) wrap the accumulation for every method: each sees every
     decoded upload before `method.accumulate`, and the all-reduced sums before `apply`.
     """
-    mechanisms = ctx.mechanisms if mechanisms is None else mechanisms
     t0 = time.perf_counter()
     cfg = ctx.cfg
     clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r,
                                             cfg.system.sampling)
+    done = train_clients(method, state, ctx, r, clients, mechanisms)
+    done.row.update(dropped_clients=dropped, wall_seconds=round(time.perf_counter() - t0, 4))
+    return done.state, done.row
+
+
+@dataclass
+class ClientsDone:
+    """What one aggregation of given clients gives (`train_clients`): the server's new state, the
+    rounds.jsonl row of its diagnostics, and the all-reduced sums it was applied from."""
+
+    state: methods.ServerState
+    row: dict[str, Any]
+    acc: dict[str, torch.Tensor]
+
+
+def train_clients(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int, clients: Sequence[int],
+                  mechanisms: Sequence[methods.Mechanism] | None = None, lr: float | None = None) -> ClientsDone:
+    """The body of a round with its clients given: plan, train, upload and aggregate `clients` (sorted)
+    from `state` in round `r` (its seeds: the client generators `ctx.gen("client", r, k)`), then apply.
+    The synchronous round is this after drawing its clients; an edge server of the hierarchical driver
+    (hierarchical.py) runs it on its own clients, from its own model, with its cloud round's `lr`."""
+    mechanisms = ctx.mechanisms if mechanisms is None else mechanisms
+    t0 = time.perf_counter()
+    cfg = ctx.cfg
     # p_k = n_k / sum_j n_j over the round's clients (known to every rank: the client list is seeded)
-    ctx = ctx.at_round(r, float(sum(ctx.client_sizes[k] for k in clients)) or 1.0)
+    ctx = ctx.at_round(r, float(sum(ctx.client_sizes[k] for k in clients)) or 1.0, lr)
     acc = method.new_accumulator(state, ctx)
     acc.update(_diag_accumulator(state, ctx))
     for mech in mechanisms:
@@ -168,9 +191,8 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     late = distributed.gather_dict(late, what=f"round {r}'s late-client gather")
     round_seconds = clock.round_seconds([c.seconds for c in per_client.values()], bool(late))
     state, row = close_round(method, state, acc, ctx, r, per_client, mechanisms)
-    row.update(dropped_clients=dropped, late_clients=sorted(late), round_seconds=round(round_seconds, 6),
-               wall_seconds=round(time.perf_counter() - t0, 4))
-    return state, row
+    row.update(late_clients=sorted(late), round_seconds=round(round_seconds, 6), wall_seconds=round(time.perf_counter() - t0, 4))
+    return ClientsDone(state=state, row=row, acc=acc)
 
 
 def add_upload(method: methods.Method, acc: dict[str, torch.Tensor], S: RoundSums, up: methods.Upload,

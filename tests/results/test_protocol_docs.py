@@ -4,7 +4,7 @@ Every public method of `Method` (each is a hook the engine or config validation 
 `Mechanism` has a row with its parameters in order; every public class-level declaration of `Method`
 (name, family, headline_params, reference, Config, masked_mean, capabilities) a row with its default;
 every field of `Capabilities` a row with its default; every value the hooks exchange (ServerState,
-ClientPlan, LocalStep, Upload, SampleVariants, RoundState) its fields. A hook, a parameter, a
+ClientPlan, LocalStep, Upload, SampleVariants, EdgeLoad, RoundState) its fields. A hook, a parameter, a
 declaration or a field added without its row fails here, and so does a row for something the code no
 longer has.
 """
@@ -20,11 +20,12 @@ import pytest
 
 from dfbench import methods
 from dfbench.benchmark.engine.context import RoundState
-from dfbench.methods.base import Capabilities, ClientPlan, LocalStep, Mechanism, Method, SampleVariants, ServerState, Upload
+from dfbench.methods.base import (Capabilities, ClientPlan, EdgeLoad, LocalStep, Mechanism, Method, SampleVariants, ServerState,
+                                  Upload)
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 SECTION = "## The method protocol"
-VALUES = {cls.__name__: cls for cls in (ServerState, ClientPlan, LocalStep, Upload, SampleVariants, RoundState)}
+VALUES = {cls.__name__: cls for cls in (ServerState, ClientPlan, LocalStep, Upload, SampleVariants, EdgeLoad, RoundState)}
 
 
 def _cells(line: str) -> list[str]:

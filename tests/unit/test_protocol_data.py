@@ -172,7 +172,8 @@ def test_fedbuff_hooks_see_the_round_they_train_for_and_the_server_step_they_app
 def test_capabilities_are_one_value():
     scaffold = methods.get_method_class("scaffold")
     assert isinstance(scaffold.capabilities, Capabilities)
-    assert scaffold.capabilities.refused() == ["batched_clients", "several_ranks", "asynchronous", "mean_aggregation"]
+    assert scaffold.capabilities.refused() == ["batched_clients", "several_ranks", "asynchronous", "mean_aggregation",
+                                               "hierarchical"]
     assert methods.Method.capabilities == Capabilities()
     assert methods.get_method_class("fedavg").capabilities == Capabilities()
     with pytest.raises(dataclasses.FrozenInstanceError):
