@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -204,6 +204,13 @@ FLOWER_ARGS ?=
 bench-flower: $(VENV)/.installed ## dfbench's round vs Flower's simulation engine, same FedAvg work at 2/10/40 local steps, 3 repeats (installs flwr[simulation]), table in results/perf/flower.md
 	@$(BIN)/python -c "import flwr" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[flower]'
 	env -u OMP_NUM_THREADS $(BIN)/python -m dfbench.benchmark.flower_bench --out results/perf $(FLOWER_ARGS)
+
+# What a capacity-c client's sub-model saves in training speed (benchmark/submodel_speed.py, issue 53): one client's
+# local training through each method's own plan, timed with one torch thread (a parallel run's client worker).
+# Run it on an idle machine. SUBMODEL_SPEED_ARGS: e.g. "--repeats 9" or "--preset small32".
+SUBMODEL_SPEED_ARGS ?=
+bench-submodel-speed: $(VENV)/.installed ## one client's training images/s at capacity 1.0/0.75/0.5/0.25 vs a full FedAvg client: HeteroFL / FedRolex / FjORD sub-models and random / balanced / top-k masks (small28, batch 16, 1 thread, ~4 min), table in results/perf/submodel_speed.md
+	$(BIN)/python -m dfbench.benchmark.submodel_speed --out results/perf $(SUBMODEL_SPEED_ARGS)
 
 gpu-check: ## on a CUDA machine: smoke runs, CUDA-only flags + determinism, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min; runs this checkout uninstalled, pip-installs missing deps; PYTHON=... picks the interpreter)
 	scripts/gpu_check.sh
