@@ -42,6 +42,17 @@ def _one_thread() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _float32_auto_amp(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.amp=auto resolves as on a CPU without native bfloat16 (float32), so the suite's run ids and
+    bits are the same on every CI machine, bf16 or not; a test marked `native_amp` sees the real choice
+    (tests/runs/test_amp_auto.py mocks the CPU itself)."""
+    if request.node.get_closest_marker("native_amp") is None:
+        from dfbench.benchmark.core import numerics
+
+        monkeypatch.setattr(numerics, "auto_amp", lambda device: "off")
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reference statistics and downloads go to a temporary cache, never the user's."""
     monkeypatch.setenv("DFBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))

@@ -12,6 +12,8 @@ from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
+pytestmark = pytest.mark.native_amp  # the real numerics.auto_amp, on a mocked CPU
+
 
 @pytest.mark.parametrize("native, expected", [(False, "off"), (True, "bf16"), (None, "off")])
 def test_auto_resolves_from_the_cpus_bf16_support(native, expected, monkeypatch):
