@@ -124,7 +124,8 @@ class Hierarchical:
                     continue
                 d = train_clients(method, edge_states[e], ctx, t, mine, lr=lr)
                 edge_states[e] = d.state
-                rounds[e].append(tuple(d.row["clients"]))
+                if d.row["clients"]:  # (all of them late: nothing aggregated)
+                    rounds[e].append(tuple(d.row["clients"]))
                 covered[e] |= (d.acc["d_count"] > 0).reshape(state.params.shape)
                 edge_seconds[e] += d.row["round_seconds"]
                 done.append((h, e, d))
@@ -132,11 +133,11 @@ class Hierarchical:
         weights = [float(w) for w in method.cloud_weights(loads, at_r)]
         if len(weights) != E or not all(np.isfinite(w) and w >= 0 for w in weights):
             raise ValueError(f"method {method.name!r}: cloud_weights gave {weights}; it must give one finite weight >= 0 per edge")
-        weights = [w if load.rounds else 0.0 for w, load in zip(weights, loads)]  # an edge that aggregated nothing
+        weights = [w if load.clients else 0.0 for w, load in zip(weights, loads)]  # an edge that aggregated nothing
         down_bits = E * int(method.model_bits(state, at_r))
         new = methods.ServerState(params=cloud_average(state.params, [s.params for s in edge_states], weights, covered),
                                   extra=state.extra)
-        up_bits = sum(int(method.model_bits(edge_states[e], at_r)) for e in range(E) if loads[e].rounds)
+        up_bits = sum(int(method.model_bits(edge_states[e], at_r)) for e in range(E) if loads[e].clients)
         row = cloud_row(r, done, dropped, edge_seconds, weights)
         row.update(edge_uplink_bits=up_bits, edge_downlink_bits=down_bits, wall_seconds=round(time.perf_counter() - t0, 4))
         return new, row

@@ -42,7 +42,8 @@ load_plugins()  # as the method contract does: a plugin's methods are covered to
 TINY = "diffusers-tiny"
 ONE_ROUND = {"train.model": TINY, "train.rounds": 1, "eval.samples": 4, "eval.grid": 2, "eval.sampler_steps": 2}
 # methods that cannot run on a diffusers network with their default hyperparameters, and a word of the reason
-REFUSED = {"heterofl": "width-aware network", "fedrolex": "width-aware network", "fjord": "width-aware network"}
+REFUSED = {"heterofl": "width-aware network", "fedrolex": "width-aware network", "fjord": "width-aware network",
+           "fedphd": "width-aware network"}
 # hyperparameters of the resumed methods, as tests/runs/test_resume.py sets them (a short router, quantized with its memory)
 SMALL = {"experts": {"router_steps": 3, "router_batch": 8}, "quantized": {"error_feedback": True}}
 
