@@ -159,6 +159,8 @@ def estimate_cost(cfg: RunConfig) -> CellCost:
             clock = build_clock(n, s, cfg.seed)
             on_time = sum(clock.compute_seconds(k, t.local_steps, t.batch_size, 1.0) <= s.deadline for k in range(n))
             per_round *= on_time / n
+    if s.edges:  # edge servers: a cloud round (train.rounds counts them) trains edge_rounds rounds of clients
+        per_round *= s.edge_rounds
     slow = int(round(s.stragglers * n))
     mean_steps = ((n - slow) * t.local_steps + slow * max(1, math.ceil(s.straggler_steps * t.local_steps))) / n
     grads = t.rounds * per_round * mean_steps * t.batch_size

@@ -181,3 +181,21 @@ def test_existing_run_ids_stay_and_the_edges_make_new_ones():
     assert config_from_dict(old).run_id() == default  # a config.json from before the topology
     two = apply_overrides(RunConfig(), {"system.edges": 2}).run_id()
     assert two != default != apply_overrides(RunConfig(), {"system.edges": 2, "system.edge_rounds": 2}).run_id() != two
+
+
+def test_edge_rounds_train_their_clients_side_by_side_or_in_lockstep_as_a_flat_round_does(tiny_data):
+    # the edge rounds go through training.train_clients: parallel workers give the sequential model bit for bit
+    over = {"system.edges": 2, "system.edge_rounds": 2, "data.clients": 6}
+    seq, seq_rows = _train(tiny_config("fedphd", over={**over, "train.client_workers": 1}), tiny_data, rounds=1)
+    par, par_rows = _train(tiny_config("fedphd", over={**over, "train.client_workers": 2}), tiny_data, rounds=1)
+    assert torch.equal(seq.params, par.params) and seq_rows == par_rows
+    batched, (row,) = _train(tiny_config("fedavg", over={**over, "train.clients_mode": "batched"}), tiny_data, rounds=1)
+    assert torch.isfinite(batched.params).all() and len(row["clients"]) == 12
+
+
+def test_the_planner_counts_every_edge_round():
+    from dfbench.benchmark.grid.plan import estimate_cost
+
+    flat = estimate_cost(tiny_config()).sample_grads
+    assert estimate_cost(tiny_config(over={"system.edges": 2})).sample_grads == flat
+    assert estimate_cost(tiny_config(over={"system.edges": 2, "system.edge_rounds": 3})).sample_grads == 3 * flat
