@@ -59,7 +59,8 @@ protocol instead of leaking into the round):
     weighs the edge models (`cloud_weights`), and how many bits a model costs between two servers
     (`model_bits`). A server state that is more than the parameters (server optimizer moments,
     control variates) has no cloud average: such a method declares `Capabilities(hierarchical=False)`.
-    Per-client memory (`client_state`) stays the client's own: the edges share it.
+    Per-client memory (`client_state`) stays the client's own: the edges share it. Under edges,
+    `ctx.round` counts edge rounds (system.edge_rounds of them per cloud round).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ edge aggregations make one cloud round, and `train.rounds` counts cloud rounds. 
         keeps the cloud's value: the "covered" rule of masked updates, one level up)
 
 Seeds: edge round t draws its clients and its client generators as flat round t would, so with one
-edge and H = 1 a cloud round IS the flat round (bitwise, tested); the clients' lr is round r's.
+edge and H = 1 a cloud round IS the flat round (bitwise, tested); the clients' lr is round r's. Under
+edges `ctx.round` counts edge rounds for every hook: t in an edge round, r H (the cloud round's last
+edge round) in `cloud_weights` and `model_bits`.
 
 Bits (rounds.jsonl): `uplink_bits` / `downlink_bits` and the per-client lists stay the client <-> edge
 links (what clients send and receive, summed over the edge rounds); `edge_uplink_bits` is what the edges
@@ -100,7 +102,9 @@ class Hierarchical:
         t0 = time.perf_counter()
         method, ctx, cfg = self.method, self.ctx, self.ctx.cfg
         E, H, lr = cfg.system.edges, cfg.system.edge_rounds, round_lr(cfg.train, r)
-        at_r = ctx.at_round(r)  # what the cloud's hooks (weights, bits) see
+        # under edges ctx.round counts edge rounds (the seeds' and the hooks' one clock): the cloud's hooks
+        # (weights, bits) see the cloud round's last edge round
+        at_cloud = ctx.at_round(r * H, lr=lr)
         edge_states = [methods.ServerState(params=state.params, extra=state.extra) for _ in range(E)]
         rounds: list[list[tuple[int, ...]]] = [[] for _ in range(E)]  # per edge, the clients of each edge round
         covered = [torch.zeros_like(state.params, dtype=torch.bool) for _ in range(E)]
@@ -130,14 +134,16 @@ class Hierarchical:
                 edge_seconds[e] += d.row["round_seconds"]
                 done.append((h, e, d))
         loads = [methods.EdgeLoad(rounds=tuple(ks)) for ks in rounds]
-        weights = [float(w) for w in method.cloud_weights(loads, at_r)]
+        weights = [float(w) for w in method.cloud_weights(loads, at_cloud)]
         if len(weights) != E or not all(np.isfinite(w) and w >= 0 for w in weights):
             raise ValueError(f"method {method.name!r}: cloud_weights gave {weights}; it must give one finite weight >= 0 per edge")
         weights = [w if load.clients else 0.0 for w, load in zip(weights, loads)]  # an edge that aggregated nothing
-        down_bits = E * int(method.model_bits(state, at_r))
+        # the model the cloud sent every edge at the round's start, in the form its edges trained it this round
+        # (asked after the edge rounds: a method that shrinks the model once, FedPhD's pruning, has done so)
+        down_bits = E * int(method.model_bits(state, at_cloud))
         new = methods.ServerState(params=cloud_average(state.params, [s.params for s in edge_states], weights, covered),
                                   extra=state.extra)
-        up_bits = sum(int(method.model_bits(edge_states[e], at_r)) for e in range(E) if loads[e].clients)
+        up_bits = sum(int(method.model_bits(edge_states[e], at_cloud)) for e in range(E) if loads[e].clients)
         row = cloud_row(r, done, dropped, edge_seconds, weights)
         row.update(edge_uplink_bits=up_bits, edge_downlink_bits=down_bits, wall_seconds=round(time.perf_counter() - t0, 4))
         return new, row

@@ -199,3 +199,15 @@ def test_the_planner_counts_every_edge_round():
     flat = estimate_cost(tiny_config()).sample_grads
     assert estimate_cost(tiny_config(over={"system.edges": 2})).sample_grads == flat
     assert estimate_cost(tiny_config(over={"system.edges": 2, "system.edge_rounds": 3})).sample_grads == 3 * flat
+
+
+def test_fedphd_prunes_at_the_cloud_after_prune_round_cloud_rounds(tiny_data):
+    # prune_round=1 with 2 edge rounds per cloud round: cloud round 1 trains and sends the full model, cloud
+    # round 2 the pruned one, chosen from the cloud model after round 1 (edge round 3 is the first to plan it)
+    cfg = tiny_config("fedphd", {"prune_round": 1}, {"system.edges": 2, "system.edge_rounds": 2, "train.client_workers": 1})
+    state, (one, two) = _train(cfg, tiny_data, rounds=2)
+    P = build_context(cfg, data=tiny_data).layout.total
+    kept = two["trained_params"][0]
+    assert one["trained_params"] == [P] * 8 and one["edge_downlink_bits"] == 2 * 32 * P
+    assert two["trained_params"] == [kept] * 8 and kept < P
+    assert two["edge_downlink_bits"] == 2 * 32 * kept and two["edge_uplink_bits"] == 32 * kept * len(set(two["client_edges"]))
