@@ -36,7 +36,7 @@ import sys
 import time
 import tomllib
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ import numpy as np
 
 from dfbench.benchmark.core.config import ConfigError, Preset, RunConfig
 from dfbench.benchmark.grid import plan as grid_plan
-from dfbench.benchmark.grid.spec import Cell, Grid, GridError, load_grid, parse_method, resolve_grid
+from dfbench.benchmark.grid.spec import Cell, Grid, GridError, load_grid, parse_grid, parse_method, resolve_grid
 
 __all__ = [
     "Check", "CellPlan", "Sizing", "StudyPlan", "Throughput", "STATED", "load_study_grid", "main", "measure_throughput",
@@ -60,6 +60,9 @@ EVIDENCE_METRICS = {"fid": "fd_fmnist", "kid": "kid_fmnist", "fd_dinov2": "fd_fm
 SEED_CAP = 12  # a claim needing more seeds than this is out of reach at the study's budget (listed, not sized for)
 MIN_SEEDS = 3  # every setting: the fewest seeds with a spread to test
 STAND_IN_MODEL = "base32"  # plans a grid whose model this checkout does not know (its costs come from the throughput)
+# a claim's `where` keys that select this study's cells but not the evidence's runs: the earlier study trained its
+# own network, and its same specs stand in for ours whatever the network
+EVIDENCE_FREE_KEYS = ("train.model",)
 
 
 # -- preflight --------------------------------------------------------------------------------------
@@ -435,6 +438,8 @@ class CellPlan:
     nfe: float  # network evaluations for sampling, all passes
     feature_images: dict[str, float]  # extractor -> images through it, all passes
     seconds: float
+    model: str = ""  # its train.model
+    capacity: str = ""  # its capacity tiers (system.capacity), "" without
 
 
 @dataclass(frozen=True)
@@ -472,12 +477,16 @@ def _passes(cfg: RunConfig) -> int:
     return 1 + len(others)
 
 
-def plan_study(grid: Grid, throughput: Throughput, *, dinov2_available: bool = True) -> StudyPlan:
-    """The seconds of every cell of `grid` at `throughput`, and of the reference statistics."""
+def plan_study(grid: Grid, throughput: Throughput, *, dinov2_available: bool = True,
+               model_scale: dict[str, float] | None = None) -> StudyPlan:
+    """The seconds of every cell of `grid` at `throughput`, and of the reference statistics. `model_scale`:
+    per train.model, the factor on the throughput's training and sampling costs for its cells (`model_scales`;
+    a model not in it: 1, the throughput's own network)."""
     from dfbench.benchmark.metrics import table
     from dfbench.datasets import data_info
 
     ms = {"inception": throughput.inception_ms, "dinov2": throughput.dinov2_ms, "clean": throughput.inception_ms}
+    scale = model_scale or {}
     cells, reference = [], {}
     notes = []
     for c in grid.cells:
@@ -487,11 +496,12 @@ def plan_study(grid: Grid, throughput: Throughput, *, dinov2_available: bool = T
         if not dinov2_available and "dinov2" in extractors:
             extractors.discard("dinov2")
         feats = {ex: float(passes * c.cfg.eval.samples) for ex in sorted(extractors)}
-        seconds = (cost.sample_grads * throughput.train_ms / 1000 + passes * cost.eval_forwards * throughput.forward_ms / 1000
+        k = scale.get(c.cfg.train.model, 1.0)
+        seconds = (cost.sample_grads * throughput.train_ms * k / 1000 + passes * cost.eval_forwards * throughput.forward_ms * k / 1000
                    + sum(n * ms[ex] / 1000 for ex, n in feats.items() if math.isfinite(ms[ex]))
                    + (passes * throughput.score_s if feats else 0.0))
         cells.append(CellPlan(c.label, c.run_id, setting_of(c), cost.sample_grads, passes, passes * cost.eval_forwards,
-                              feats, seconds))
+                              feats, seconds, c.cfg.train.model, c.cfg.system.capacity))
         for ex in extractors:
             key = f"{ex}:{c.cfg.data.dataset}/{c.cfg.eval.reference_split}"
             reference[key] = int(data_info(c.cfg.data.dataset)["num_samples"][c.cfg.eval.reference_split])
@@ -501,6 +511,46 @@ def plan_study(grid: Grid, throughput: Throughput, *, dinov2_available: bool = T
     source = Path(grid.source).resolve()
     shown = str(source.relative_to(ROOT)) if source.is_relative_to(ROOT) else grid.source
     return StudyPlan(grid.name, cells, throughput, ref_seconds, reference, notes, shown)
+
+
+def forward_flops(model: str, dataset: str) -> int:
+    """FLOPs of one forward pass of `model` on one image of `dataset` (torch.utils.flop_counter on the meta device:
+    shapes only, nothing computed); raises what building the network raises (e.g. diffusers missing)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dfbench.benchmark.engine.model import build_model
+    from dfbench.datasets import data_info
+
+    shape = tuple(int(v) for v in data_info(dataset)["image_shape"])
+    counter = FlopCounterMode(display=False)
+    with torch.device("meta"):
+        net = build_model(model, shape[0])
+    with torch.no_grad(), counter:
+        net(torch.zeros(1, *shape, device="meta"), torch.full((1,), 0.5, device="meta"))
+    return int(counter.get_total_flops())
+
+
+def model_scales(grid: Grid, throughput_model: str, stand_in: str | None = None) -> tuple[dict[str, float], list[str]]:
+    """For each train.model of `grid` other than the one the throughput was measured or stated for: the factor on
+    its per-image training and sampling costs, the ratio of their forward FLOPs (counted here), with a line saying
+    so; where one of the two cannot be built here (diffusers missing) the factor is 1, and the line says that.
+    `stand_in` (cells planned in the throughput model's place) gets 1 and no line."""
+    dataset = grid.cells[0].cfg.data.dataset
+    out: dict[str, float] = {}
+    notes = []
+    for model in dict.fromkeys(c.cfg.train.model for c in grid.cells):
+        if model in (throughput_model, stand_in):
+            continue
+        try:
+            out[model] = forward_flops(model, dataset) / forward_flops(throughput_model, dataset)
+        except Exception as err:  # noqa: BLE001 - a network this checkout cannot build: planned unscaled, said so
+            notes.append(f"cells of {model}: planned at the per-image costs of {throughput_model}, unscaled (their "
+                         f"FLOP ratio needs both networks built here: {type(err).__name__})")
+            continue
+        notes.append(f"cells of {model}: training and sampling at {out[model]:.3g}x the per-image costs of "
+                     f"{throughput_model} (the ratio of their forward FLOPs)")
+    return out, notes
 
 
 # -- seeds ------------------------------------------------------------------------------------------
@@ -529,17 +579,32 @@ def _same(value: Any, wanted: Any) -> bool:
         return str(value) == str(wanted)
 
 
-def _cells_of(cells: Sequence[Cell], spec: str) -> list[Cell]:
-    """The cells of the setting a claim names (a method spec whose parameters they include, or "untrained")."""
+def _config_value(cfg: RunConfig, key: str) -> Any:
+    """A claim's `where` key on a config: "section.field", or a bare field name of any section (as the report's
+    run table names it, cfg.<field>: "partition", "model")."""
+    if "." in key:
+        section, _, name = key.partition(".")
+        return getattr(getattr(cfg, section, None), name, None)
+    for section in ("data", "train", "system", "eval", "privacy"):
+        if hasattr(getattr(cfg, section, None), key):
+            return getattr(getattr(cfg, section), key)
+    return getattr(cfg, key, None)
+
+
+def _cells_of(cells: Sequence[Cell], spec: str, where: Mapping[str, Any] | None = None) -> list[Cell]:
+    """The cells of the setting a claim names (a method spec whose parameters they include, or "untrained"),
+    with the config values of the claim's `where`."""
+    where = where or {}
     if spec == "untrained":
-        return [c for c in cells if c.cfg.train.rounds == 0]
-    name, params = parse_method(spec)
-    out = []
-    for c in cells:
-        given = dict(c.cfg.method_params)
-        if c.cfg.method == name and c.cfg.train.rounds > 0 and all(k in given and _same(given[k], v) for k, v in params.items()):
-            out.append(c)
-    return out
+        picked = [c for c in cells if c.cfg.train.rounds == 0]
+    else:
+        name, params = parse_method(spec)
+        picked = []
+        for c in cells:
+            given = dict(c.cfg.method_params)
+            if c.cfg.method == name and c.cfg.train.rounds > 0 and all(k in given and _same(given[k], v) for k, v in params.items()):
+                picked.append(c)
+    return [c for c in picked if all(_same(_config_value(c.cfg, k), v) for k, v in where.items())]
 
 
 def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Cell], *,
@@ -561,9 +626,10 @@ def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Ce
     for claim in claims:
         metric = claim.metric or table.PRIMARY[0]
         ev_metric = mapping.get(metric, metric)
-        a_cells, b_cells = _cells_of(cells, claim.a), _cells_of(cells, claim.b)
+        a_cells, b_cells = _cells_of(cells, claim.a, claim.where), _cells_of(cells, claim.b, claim.where)
         grid_seeds = len({c.cfg.seed for c in a_cells} & {c.cfg.seed for c in b_cells})
-        rows_a, rows_b = (C.select(runs, spec, claim.where) for spec in (claim.a, claim.b))
+        ev_where = {k: v for k, v in claim.where.items() if k not in EVIDENCE_FREE_KEYS}
+        rows_a, rows_b = (C.select(runs, spec, ev_where) for spec in (claim.a, claim.b))
         if ev_metric not in runs or rows_a.empty or rows_b.empty:
             out.append(Sizing(claim.id, metric, ev_metric, 0, math.nan, math.nan, None, grid_seeds, "no evidence"))
             continue
@@ -622,8 +688,10 @@ def load_study_grid(name: str, device: str = "cuda") -> tuple[Grid, str, list[st
         if _model_problem(model) is None:
             raise
         first = str(err)
+    spec = tomllib.loads(path.read_text(encoding="utf-8"))
+    spec["base"] = {**spec.get("base", {}), "train.model": STAND_IN_MODEL}  # cells naming their own model keep it
     try:
-        grid = load_grid(path, extra={**extra, "train.model": STAND_IN_MODEL})
+        grid = parse_grid(spec, source=str(path), extra=extra)
     except GridError as err:
         raise GridError(f"{first}\n(and with train.model={STAND_IN_MODEL} in its place: {err})") from None
     return grid, model, [], STAND_IN_MODEL
@@ -654,22 +722,32 @@ def render_checks(grid_name: str, checks: Sequence[Check]) -> str:
 
 def render_plan(plan: StudyPlan, model: str, stand_in: str | None) -> str:
     t = plan.throughput
-    by: dict[str, list[CellPlan]] = {}
+
+    def model_of(c: CellPlan) -> str:  # a stand-in's cells are the grid's own model's
+        return model if not c.model or c.model == stand_in else c.model
+
+    by: dict[tuple[str, str, str], list[CellPlan]] = {}
     for c in plan.cells:
-        by.setdefault(c.setting, []).append(c)
-    head = ["setting", "cells", "sample-grads/cell", "passes", "sampling NFE/cell", "feature images/cell", "per cell", "total"]
+        by.setdefault((c.setting, model_of(c), c.capacity), []).append(c)
+    head = ["setting", "model", "cells", "sample-grads/cell", "passes", "sampling NFE/cell", "feature images/cell", "per cell",
+            "total"]
     rows = []
-    for setting, cells in by.items():
+    for (setting, net, capacity), cells in by.items():
         c0 = cells[0]
         feats = " + ".join(f"{n:,.0f} {ex}" for ex, n in c0.feature_images.items()) or "-"
-        rows.append([setting, str(len(cells)), f"{c0.sample_grads:,.0f}", str(c0.passes), f"{c0.nfe:,.0f}", feats,
-                     grid_plan.fmt_seconds(float(np.mean([c.seconds for c in cells]))),
+        rows.append([setting + (f" (capacity {capacity})" if capacity else ""), net, str(len(cells)), f"{c0.sample_grads:,.0f}",
+                     str(c0.passes), f"{c0.nfe:,.0f}", feats, grid_plan.fmt_seconds(float(np.mean([c.seconds for c in cells]))),
                      _hours(sum(c.seconds for c in cells))])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
     trained = sum(1 for c in plan.cells if c.setting != "untrained")
-    lines = [f"plan: {len(plan.cells)} cells ({trained} trained, {len(plan.cells) - trained} untrained) of "
-             f"{model}" + (f" (planned with {stand_in} in its place: this checkout cannot build {model})" if stand_in else ""),
+    per_model: dict[str, int] = {}
+    for c in plan.cells:
+        per_model[model_of(c)] = per_model.get(model_of(c), 0) + 1
+    of = (f" of {model}" if len(per_model) == 1 else
+          ": " + ", ".join(f"{n} of {m}" for m, n in sorted(per_model.items(), key=lambda kv: kv[0] != model)))
+    lines = [f"plan: {len(plan.cells)} cells ({trained} trained, {len(plan.cells) - trained} untrained){of}"
+             + (f" (planned with {stand_in} in its place: this checkout cannot build {model})" if stand_in else ""),
              fmt(head)] + [fmt(r) for r in rows]
     refs = ", ".join(f"{key} ({n:,} images)" for key, n in plan.reference_images.items())
     lines.append(f"  reference statistics once: {refs}: {grid_plan.fmt_seconds(plan.reference_seconds)}")
@@ -686,7 +764,9 @@ def render_plan(plan: StudyPlan, model: str, stand_in: str | None) -> str:
         if model != STATED_MODEL:
             lines.append(f"     (the stated figures are for {STATED_MODEL}; this grid trains {model})")
     lines += [f"  note: {n}" for n in plan.notes]
-    lines.append("  not included: the held-out denoising loss, drift, method extras; evaluation runs once per pass")
+    lines.append("  not included: the held-out denoising loss, drift, method extras; evaluation runs once per pass; every "
+                 "sample-gradient is counted at its network's full cost (a client training a narrower sub-model takes "
+                 "less: for it, an upper bound)")
     return "\n".join(lines)
 
 
@@ -748,7 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     throughput = None
     ready = {c.name: c.ok for c in checks}
     if not a.no_measure and a.device.startswith("cuda") and ready.get("CUDA device") and stand_in is None:
-        trained = next((c.cfg for c in grid.cells if c.cfg.train.rounds > 0), configs[0])
+        trained = next((c.cfg for c in grid.cells if c.cfg.train.rounds > 0 and c.cfg.train.model == model), configs[0])
         try:
             throughput = measure_throughput(trained, a.device)
         except Exception as err:  # noqa: BLE001 - what fails in the timed steps would fail every cell: a preflight item
@@ -765,9 +845,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(a.save).parent.mkdir(parents=True, exist_ok=True)
         Path(a.save).write_text(json.dumps(asdict(throughput), indent=2) + "\n", encoding="utf-8")
     dinov2_ok = all(c.ok for c in checks if c.name.startswith("DINOv2"))
-    plan = plan_study(grid, throughput, dinov2_available=dinov2_ok)
+    # the network the throughput is for: the one timed, else the grid's own (a stated estimate stands for it)
+    scales, scale_notes = model_scales(grid, throughput.model if throughput.measured and throughput.model else model, stand_in)
+    plan = plan_study(grid, throughput, dinov2_available=dinov2_ok, model_scale=scales)
+    plan.notes.extend(scale_notes)
     if not dinov2_ok:
-        extra = plan_study(grid, throughput, dinov2_available=True).seconds - plan.seconds
+        extra = plan_study(grid, throughput, dinov2_available=True, model_scale=scales).seconds - plan.seconds
         if extra > 0:
             plan.notes.append(f"fd_dinov2 is not planned (its weights are not here: those runs leave it out); with the "
                               f"DINOv2 file the study takes {_hours(extra)} more")

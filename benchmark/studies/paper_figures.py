@@ -24,6 +24,9 @@ writes only paper_rules.* and rule_choice.md: each family's inference rule with 
 metric over its keep ratios (the held-out seed's grid, paper-fmnist-rules.toml, chooses the rules
 the study then uses; a rule is never chosen per run from the score it is judged by).
 
+`--model NAME` keeps the runs of one train.model: results/cifar10-gpu's grid trains the pruning study on
+diffusers-ddpm-cifar10 and issue 53's sub-models (their own FedAvg and random masks among them) on ddpm32.
+
 FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests/unit/test_pruning.py).
 """
 
@@ -54,13 +57,24 @@ COLORS = {"random": "tab:orange", "top-k": "tab:blue"}
 SAMPLES_PER_CELL, CELL_ROWS = 30, 3
 
 
-def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
-    """One row per finished run: family, keep, seed, metric, drift, w2, gamma_star, path.
+def of_model(runs: pd.DataFrame, model: str | None) -> pd.DataFrame:
+    """The runs that trained train.model `model` (None: all); a grid of two networks (results/cifar10-gpu: the
+    pruning study on one, issue 53's sub-models on another) draws its figures for one."""
+    if model is None or runs.empty:
+        return runs
+    if "cfg.model" not in runs:
+        raise ValueError(f"--model {model}: the runs record no train.model")
+    return runs[runs["cfg.model"].astype(str) == model]
+
+
+def study_runs(runs_dir: str | Path, model: str | None = None) -> tuple[pd.DataFrame, str]:
+    """One row per finished run (of train.model `model`, None: every run): family, keep, seed, metric, drift, w2,
+    gamma_star, path.
 
     FedAvg runs appear once per family at keep 1.0; the untrained baseline as family "untrained".
     """
     data = collect(runs_dir)
-    runs = data.runs
+    runs = of_model(data.runs, model)
     metric = primary_metric(data.metrics)
     if runs.empty or metric is None:
         raise ValueError(f"no scored runs under {runs_dir}; run the grid first (make bench-paper-fmnist)")
@@ -84,15 +98,16 @@ def study_runs(runs_dir: str | Path) -> tuple[pd.DataFrame, str]:
 RULE_COLUMNS = ["family", "keep", "seed", "rule", "configured", "metric"]
 
 
-def rule_runs(runs_dir: str | Path) -> pd.DataFrame:
-    """One row per pruning run x inference rule: family, keep, seed, rule, configured (the run's
-    result) and the primary metric under that rule; empty when no run scored its rules."""
+def rule_runs(runs_dir: str | Path, model: str | None = None) -> pd.DataFrame:
+    """One row per pruning run (of train.model `model`, None: every run) x inference rule: family, keep, seed,
+    rule, configured (the run's result) and the primary metric under that rule; empty when no run scored its rules."""
     data = collect(runs_dir)
     metric = primary_metric(data.metrics)
     inf = data.inference
     if metric is None or inf.empty:
         return pd.DataFrame(columns=RULE_COLUMNS)
-    inf = inf[(inf["metric"] == metric) & inf["method"].isin(list(FAMILIES))]
+    inf = inf[(inf["metric"] == metric) & inf["method"].isin(list(FAMILIES))
+              & inf["run_id"].isin(of_model(data.runs, model)["run_id"])]
     keep = data.runs.set_index("run_id")["param.keep_ratio"]
     return pd.DataFrame({
         "family": inf["method"].map(FAMILIES), "keep": inf["run_id"].map(keep).astype(float),
@@ -399,14 +414,14 @@ def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str, rules: pd.Data
     return lines
 
 
-def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
-    """Every figure and the summary for the runs under `runs_dir`, written into `out`."""
+def build(runs_dir: str | Path, out: str | Path, model: str | None = None) -> dict[str, Path]:
+    """Every figure and the summary for the runs under `runs_dir` (of train.model `model`), written into `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    study, metric = study_runs(runs_dir)
+    study, metric = study_runs(runs_dir, model)
     table = summarize(study)
     write_summary(table, metric, out)
-    rules = rule_runs(runs_dir)
+    rules = rule_runs(runs_dir, model)
     extra = {}
     if not rules.empty:
         write_rules(rule_summary(rules), metric, out)
@@ -423,10 +438,10 @@ def build(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
     }
 
 
-def choose(runs_dir: str | Path, out: str | Path) -> dict[str, Path]:
-    """paper_rules.* and rule_choice.md for the pruning runs under `runs_dir` (no FedAvg needed)."""
+def choose(runs_dir: str | Path, out: str | Path, model: str | None = None) -> dict[str, Path]:
+    """paper_rules.* and rule_choice.md for the pruning runs under `runs_dir` (of train.model `model`; no FedAvg needed)."""
     out = Path(out)
-    rules = rule_runs(runs_dir)
+    rules = rule_runs(runs_dir, model)
     if rules.empty:
         raise ValueError(f"no pruning run under {runs_dir} scored its inference rules; run the grid with "
                          "eval.inference_variants=true first (make bench-paper-fmnist-rules)")
@@ -444,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for the figures and paper_summary.{md,csv}")
     ap.add_argument("--choose-rules", action="store_true",
                     help="write only paper_rules.{md,csv} and rule_choice.md (each family's best inference rule over its keep ratios)")
+    ap.add_argument("--model", default=None, help="only the runs of this train.model (default: every run)")
     args = ap.parse_args(argv)
-    for name, path in (choose if args.choose_rules else build)(args.runs, args.out).items():
+    for name, path in (choose if args.choose_rules else build)(args.runs, args.out, args.model).items():
         print(f"{name}: {path}")
     return 0
 

@@ -181,31 +181,38 @@ def test_the_gpu_study_plan_the_scale_out_page_quotes() -> None:
     """docs/scale-out.md: the cifar10-gpu grid and its GPU-hours from the stated per-image costs."""
     from dfbench.benchmark.studies import gpu_plan
 
-    grid, model, _, _ = gpu_plan.load_study_grid(str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml"))
+    grid, model, _, stand_in = gpu_plan.load_study_grid(str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml"))
     cells = grid.cells
     trained = [c for c in cells if c.cfg.train.rounds > 0]
-    assert model == "diffusers-ddpm-cifar10" and len(cells) == 60 and len(trained) == 50
-    assert sorted({dict(c.cfg.method_params).get("keep_ratio") for c in trained} - {None}) == [0.25, 0.5, 0.75]
+    assert model == "diffusers-ddpm-cifar10" and len(cells) == 78 and len(trained) == 68
+    pruning = [c for c in cells if c.cfg.train.model == model]
+    block = [c for c in cells if c.cfg.train.model == "ddpm32"]  # issue 53's sub-models
+    assert len(pruning) == 60 and len([c for c in pruning if c.cfg.train.rounds > 0]) == 50 and len(block) == 18
+    assert sorted({dict(c.cfg.method_params).get("keep_ratio") for c in pruning if c.cfg.train.rounds > 0} - {None}) == [0.25, 0.5, 0.75]
     assert {c.cfg.data.partition for c in cells} == {"dirichlet:0.5"} and {c.cfg.data.clients for c in cells} == {10}
     assert {(c.cfg.eval.samples, c.cfg.eval.sampler_steps) for c in cells} == {(10_000, 50)}
     assert {c.cfg.train.lr for c in trained} == {2e-4}
-    for gpu, hours, dinov2_hours in (("h200", 27, 1.4), ("a100", 86, 4.7)):
+    assert {c.cfg.system.capacity for c in block} == {"", "1.0:0.5,0.4:0.5"} and {c.cfg.seed for c in block} == {0, 1, 2}
+    scales, _ = gpu_plan.model_scales(grid, model, stand_in)
+    assert scales == {"ddpm32": 1.0}  # the same network's FLOPs
+    for gpu, hours, dinov2_hours, block_hours in (("h200", 35, 1.7, 8.3), ("a100", 113, 5.7, 27.1)):
         throughput = gpu_plan.stated_throughput(gpu)
-        plan = gpu_plan.plan_study(grid, throughput, dinov2_available=False)
-        with_dinov2 = gpu_plan.plan_study(grid, throughput, dinov2_available=True)
+        plan = gpu_plan.plan_study(grid, throughput, dinov2_available=False, model_scale=scales)
+        with_dinov2 = gpu_plan.plan_study(grid, throughput, dinov2_available=True, model_scale=scales)
         assert round(plan.hours) == hours
         assert round((with_dinov2.seconds - plan.seconds) / 3600, 1) == dinov2_hours
+        assert round(sum(c.seconds for c in plan.cells if c.model == "ddpm32") / 3600, 1) == block_hours
     t = gpu_plan.stated_throughput("h200")
-    plan = gpu_plan.plan_study(grid, t, dinov2_available=False)
+    plan = gpu_plan.plan_study(grid, t, dinov2_available=False, model_scale=scales)
     grads = {c.sample_grads for c in plan.cells if c.sample_grads}
     assert grads == {1_280_000} and round(1_280_000 / 1e6, 2) == 1.28
     passes = sum(c.passes for c in plan.cells)
-    assert passes == 140 and {c.nfe / c.passes for c in plan.cells} == {500_000}
-    assert round(sum(c.sample_grads for c in plan.cells) * t.train_ms / 1000 / 3600, 1) == 17.8
-    assert round(sum(c.nfe for c in plan.cells) * t.forward_ms / 1000 / 3600, 1) == 6.4
-    assert round(passes * t.score_s / 3600, 1) == 2.3
+    assert passes == 170 and {c.nfe / c.passes for c in plan.cells} == {500_000}
+    assert round(sum(c.sample_grads for c in plan.cells) * t.train_ms / 1000 / 3600, 1) == 24.2
+    assert round(sum(c.nfe for c in plan.cells) * t.forward_ms / 1000 / 3600, 1) == 7.8
+    assert round(passes * t.score_s / 3600, 1) == 2.8
     features = sum(n * t.inception_ms / 1000 for c in plan.cells for n in c.feature_images.values())
-    assert round(features / 3600, 2) == 0.06
+    assert round(features / 3600, 2) == 0.07
 
 
 # -- the methods page ------------------------------------------------------------------------------

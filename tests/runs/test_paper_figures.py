@@ -69,6 +69,14 @@ def test_study_rows_put_fedavg_at_keep_one_for_both_families(study_root):
     assert np.allclose(dense["drift_pixel"], 0.0) and np.allclose(dense["drift_features"], 0.0)
 
 
+def test_model_keeps_the_runs_of_one_network(study_root):
+    every, _ = paper_figures.study_runs(study_root)
+    tiny, _ = paper_figures.study_runs(study_root, model="tiny")  # tiny_config's network: every run
+    assert sorted(tiny["path"].astype(str)) == sorted(every["path"].astype(str)) and len(every) == 15
+    with pytest.raises(ValueError, match="no scored runs"):
+        paper_figures.study_runs(study_root, model="ddpm32")  # another network's: none here
+
+
 @pytest.mark.slow
 def test_summary_means_and_t_intervals_equal_hand_computation(study_root, tmp_path):
     paths = paper_figures.build(study_root, tmp_path / "out")

@@ -76,7 +76,8 @@ def test_everything_missing_is_reported_together_with_what_to_fetch(bare_machine
 def test_the_dry_run_exits_0_with_the_plan_and_the_real_run_stops_before_any_cell(bare_machine, capsys):
     assert G.main([GRID, "--dry-run", "--data-root", str(bare_machine)]) == 0
     out = capsys.readouterr().out
-    for needle in ("preflight (what this machine has)", "plan: 60 cells (50 trained, 10 untrained) of diffusers-ddpm-cifar10",
+    for needle in ("preflight (what this machine has)",
+                   "plan: 78 cells (68 trained, 10 untrained): 60 of diffusers-ddpm-cifar10, 18 of ddpm32 (planned with",
                    f"planned with {G.STAND_IN_MODEL} in its place", "GPU-hours on one NVIDIA H200, ESTIMATED (not measured here)",
                    "times this grid's own network there", "make gpu-check", "seeds: each claim of cifar10-gpu.claims.toml",
                    "dry run: nothing was run"):
@@ -217,6 +218,45 @@ def test_seeds_are_sized_from_the_evidence_s_paired_spread(tmp_path, log_ratios)
                                                  "random_prune?keep_ratio=0.5": max(3, s.needed)}
 
 
+def test_a_claim_s_where_picks_the_grid_s_cells_but_not_the_evidence_s_network(tmp_path):
+    # two networks in one grid, seeds 0-4 on tiny and 0-1 on small32: the claim names tiny's cells; the
+    # evidence (another study, its own network) is read without the model key (EVIDENCE_FREE_KEYS)
+    claims = tmp_path / "w.claims.toml"
+    claims.write_text('metric = "fid"\n[[claim]]\nid = "C1"\nstatement = "s"\na = "topk_prune?keep_ratio=0.5"\n'
+                      'b = "random_prune?keep_ratio=0.5"\nexpect = "better"\nwhere = { "train.model" = "tiny" }\n')
+    methods = ["topk_prune?keep_ratio=0.5", "random_prune?keep_ratio=0.5"]
+    other = [{"method": m, "train.model": "small32", "seed": s} for m in methods for s in (5, 6)]
+    grid, *_ = G.load_study_grid(str(write_grid(tmp_path / "g.toml", {"data.dataset": "cifar10", "train.model": "tiny"},
+                                                {"method": methods, "seed": [0, 1, 2, 3, 4]}, cells=other)), "cuda")
+    assert len(G._cells_of(grid.cells, methods[0])) == 7
+    assert len(G._cells_of(grid.cells, methods[0], {"train.model": "tiny"})) == 5
+    assert [c.cfg.seed for c in G._cells_of(grid.cells, methods[1], {"model": "small32"})] == [5, 6]  # a bare field name
+    (s,) = G.size_seeds(claims, _evidence(tmp_path, [-0.9, -0.3, -1.4, -0.6]), grid.cells)
+    assert s.evidence_seeds == 4 and s.grid_seeds == 5 and s.status != "no evidence"
+
+
+def test_cells_of_another_network_are_planned_at_its_flop_ratio(tmp_path):
+    base = {"data.dataset": "cifar10", "data.clients": 2, "data.min_client_size": 4, "train.model": "tiny",
+            "train.rounds": 1, "train.local_steps": 2, "train.batch_size": 4, "eval.samples": 10, "eval.grid": 2,
+            "eval.sampler": "ddim", "eval.sampler_steps": 2, "eval.metrics": "none"}
+    grid, *_ = G.load_study_grid(str(write_grid(tmp_path / "m.toml", base, {"seed": [0]},
+                                                cells=[{"train.model": "small32", "seed": 0}])), "cuda")
+    scales, notes = G.model_scales(grid, "tiny")
+    ratio = G.forward_flops("small32", "cifar10") / G.forward_flops("tiny", "cifar10")
+    assert scales == {"small32": pytest.approx(ratio)} and ratio > 10
+    assert notes == [f"cells of small32: training and sampling at {ratio:.3g}x the per-image costs of tiny (the ratio of "
+                     "their forward FLOPs)"]
+    t = G.Throughput(device="test GPU", train_ms=2.0, forward_ms=0.5, inception_ms=0.25, dinov2_ms=math.nan, score_s=0.0,
+                     measured=True, source="test")
+    tiny, small = G.plan_study(grid, t, model_scale=scales).cells
+    # by hand: 1 round x 2 clients x 2 steps x batch 4 = 16 sample-gradients, 10 samples x 2 DDIM steps
+    assert tiny.seconds == pytest.approx(16 * 2.0 / 1000 + 20 * 0.5 / 1000)
+    assert small.seconds == pytest.approx(ratio * tiny.seconds) and (tiny.model, small.model) == ("tiny", "small32")
+    assert G.model_scales(grid, "tiny", stand_in="small32") == ({}, [])  # a stand-in is the throughput's network
+    text = G.render_plan(G.plan_study(grid, t, model_scale=scales), "tiny", None)
+    assert "plan: 2 cells (2 trained, 0 untrained): 1 of tiny, 1 of small32" in text
+
+
 def test_the_shipped_grid_gives_every_claim_in_reach_the_seeds_it_needs(no_cuda):
     if not G.EVIDENCE.is_file():
         pytest.skip("results/paper-fmnist/runs.csv is not in this checkout")
@@ -227,11 +267,19 @@ def test_the_shipped_grid_gives_every_claim_in_reach_the_seeds_it_needs(no_cuda)
     assert {s.claim for s in sizing if s.status == "sized"} >= {"C1-0.5", "C1-0.25", "cost-topk-0.5", "trained"}
     # every setting has exactly the seeds the rule gives it (none wasted, every cell a claim's), seed 7 (held out) never
     rule = G.seeds_per_setting(sizing, claims)
+    pruning = {"train.model": "diffusers-ddpm-cifar10"}  # every claim's `where`: the pruning study's network
     for spec, n in rule.items():
-        cells = G._cells_of(grid.cells, spec)
+        cells = G._cells_of(grid.cells, spec, pruning)
         assert len(cells) == len({c.cfg.seed for c in cells}) == n, spec
-    assert sum(rule.values()) == len(grid.cells) == 60
+    assert sum(rule.values()) == len([c for c in grid.cells if c.cfg.train.model == pruning["train.model"]]) == 60
     assert all(c.cfg.seed != 7 for c in grid.cells)
+    # the sub-model block (issue 53): six settings on ddpm32 at seeds 0-2, none of them a claim's
+    block = [c for c in grid.cells if c.cfg.train.model == "ddpm32"]
+    assert len(block) == len(grid.cells) - 60 == 18 and {c.cfg.seed for c in block} == {0, 1, 2}
+    assert {(c.cfg.method, c.cfg.system.capacity) for c in block} == {
+        ("fedavg", ""), ("heterofl", "1.0:0.5,0.4:0.5"), ("fedrolex", "1.0:0.5,0.4:0.5"), ("fjord", "1.0:0.5,0.4:0.5"),
+        ("random_prune", ""), ("balanced_prune", "")}
+    assert all(dict(c.cfg.method_params)["keep_ratio"] == 0.5 for c in block if c.cfg.method.endswith("_prune"))
     # the study's budget: DDPM's CIFAR-10 network, 10k samples scored by FID and KID
     cfg = next(c.cfg for c in grid.cells if c.cfg.train.rounds > 0)
     assert (cfg.data.dataset, cfg.eval.samples) == ("cifar10", 10_000)
@@ -260,7 +308,7 @@ def test_make_n_prints_the_plan_and_runs_nothing_else(tmp_path):
     env = {**__import__("os").environ, "TORCH_HOME": str(tmp_path / "torch_home"), "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(["make", "-n", "bench-cifar10-gpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "plan: 60 cells" in out.stdout and "dry run: nothing was run" in out.stdout
+    assert "plan: 78 cells" in out.stdout and "dry run: nothing was run" in out.stdout
     assert "dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs" in out.stdout  # printed, not run
     assert not (ROOT / "results" / "cifar10-gpu" / "runs").exists()
 
