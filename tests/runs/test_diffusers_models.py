@@ -87,6 +87,16 @@ def test_ddpm_cifar10_has_the_papers_parameter_count():
     assert round(n / 1e6, 1) == 35.7
 
 
+def test_ddpm32_is_the_ddpm_cifar10_network_in_the_built_in_unet():
+    # the same parameter count and the same FLOPs (what the GPU planner scales its cells by: 1.0), and the width
+    # sub-models can cut it (the built-in UNet is width-aware; the diffusers one is not)
+    from dfbench.benchmark.studies.gpu_plan import forward_flops
+
+    assert PARAMS["ddpm32"] == PARAMS["diffusers-ddpm-cifar10"]
+    assert forward_flops("ddpm32", "cifar10") == forward_flops("diffusers-ddpm-cifar10", "cifar10") == 12_443_713_536
+    assert presets.width_aware("ddpm32") and not presets.width_aware("diffusers-ddpm-cifar10")
+
+
 @pytest.mark.parametrize("name", presets.ALL)
 def test_every_preset_has_its_measured_parameter_count(name):
     assert {c: _count(name, c) for c in (1, 3)} == PARAMS[name]
