@@ -119,7 +119,7 @@ def _dfbench_here(argv: list[str], data: Any, monkeypatch: pytest.MonkeyPatch, c
 
 def _rows(d: Path) -> list[dict]:
     """rounds.jsonl without the wall times (the only field that may differ between runs)."""
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in runfolder.read_rounds(d)]
+    return [runfolder.without_wall_clock(r) for r in runfolder.read_rounds(d)]
 
 
 def _leftovers(root: Path) -> list[str]:

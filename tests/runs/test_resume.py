@@ -24,8 +24,8 @@ RESUME = {"train.rounds": 4, "checkpoint_every": 1, "train.ema": 0.5, "system.pa
 
 
 def _rows(d: Path) -> list[dict]:
-    """rounds.jsonl without the wall times (the only field that may differ between runs)."""
-    return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
+    """rounds.jsonl without the measured wall times (runfolder.WALL_CLOCK: the only fields that may differ between runs)."""
+    return [runfolder.without_wall_clock(r) for r in map(json.loads, (d / "rounds.jsonl").read_text().splitlines())]
 
 
 def _state(d: Path) -> str:
