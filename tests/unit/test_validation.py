@@ -26,7 +26,7 @@ INVALID: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("fedavg", {}, {"data.partition": "dirichlet:0"}, "'data.partition': invalid partition spec 'dirichlet:0': ALPHA must be > 0"),
     ("fedavg", {}, {"data.partition": "dirichlet:-0.5"}, "ALPHA must be > 0; valid forms: 'iid'"),
     ("fedavg", {}, {"data.dataset": "mnist"}, "'data.dataset': 'mnist'; allowed: fmnist, svhn, cifar10"),
-    ("nope", {}, {}, "unknown method 'nope'; registered methods: experts, fedadagrad, fedadam, fedavg"),
+    ("nope", {}, {}, "unknown method 'nope'; registered methods: balanced_prune, experts, fedadagrad, fedadam, fedavg"),
     ("fedprox", {"mu_": 1}, {}, "unknown hyperparameter(s) method.mu_ for method 'fedprox'; valid: method.mu"),
     ("random_prune", {"keep_ratio": 0}, {}, "'method.keep_ratio' of 'random_prune': 0.0; allowed: a number in (0, 1]"),
     ("topk_prune", {"keep_ratio": 1.5}, {}, "'method.keep_ratio' of 'topk_prune': 1.5; allowed: a number in (0, 1]"),
