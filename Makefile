@@ -203,7 +203,7 @@ perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 FLOWER_ARGS ?=
 bench-flower: $(VENV)/.installed ## dfbench's round vs Flower's simulation engine, same FedAvg work at 2/10/40 local steps, 3 repeats (installs flwr[simulation]), table in results/perf/flower.md
 	@$(BIN)/python -c "import flwr" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[flower]'
-	env -u OMP_NUM_THREADS $(BIN)/python -m dfbench.benchmark.flower_bench --out results/perf $(FLOWER_ARGS)
+	env -u OMP_NUM_THREADS $(BIN)/python -m dfbench.benchmark.flower_bench --out results/perf --rounds 2 $(FLOWER_ARGS)
 
 # What a capacity-c client's sub-model saves in training speed (benchmark/submodel_speed.py, issue 53): one client's
 # local training through each method's own plan, timed with one torch thread (a parallel run's client worker).
