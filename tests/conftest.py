@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from dfbench.datasets import ImageSet
 
 # tests/unit, tests/runs and tests/results import what they share from tests/helpers.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# train.amp=auto resolves to float32 in the suite and in the processes it starts (see _float32_auto_amp)
+os.environ["DFBENCH_AUTO_AMP"] = "off"
 
 
 def make_imageset(n: int = 256, channels: int = 1, size: int = 28, seed: int = 0) -> ImageSet:
@@ -43,13 +47,12 @@ def _one_thread() -> None:
 
 @pytest.fixture(autouse=True)
 def _float32_auto_amp(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """train.amp=auto resolves as on a CPU without native bfloat16 (float32), so the suite's run ids and
-    bits are the same on every CI machine, bf16 or not; a test marked `native_amp` sees the real choice
-    (tests/runs/test_amp_auto.py mocks the CPU itself)."""
-    if request.node.get_closest_marker("native_amp") is None:
-        from dfbench.benchmark.core import numerics
-
-        monkeypatch.setattr(numerics, "auto_amp", lambda device: "off")
+    """train.amp=auto resolves as on a CPU without native bfloat16 (float32) in the suite and in every
+    process it starts (DFBENCH_AUTO_AMP=off, set when this file is imported, so configs built at
+    collection see it too): run ids and bits are the same on every CI machine, bf16 or not. A test
+    marked `native_amp` sees the device's own choice (tests/runs/test_amp_auto.py mocks the CPU)."""
+    if request.node.get_closest_marker("native_amp") is not None:
+        monkeypatch.delenv("DFBENCH_AUTO_AMP", raising=False)
 
 
 @pytest.fixture(autouse=True)

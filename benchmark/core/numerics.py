@@ -95,7 +95,18 @@ def auto_amp(device: str | torch.device) -> str:
     """What train.amp=auto runs on `device`: "bf16" where it computes bfloat16 natively (a CPU with
     avx512_bf16 / amx_bf16 / Arm bf16; a CUDA GPU that supports it, Ampere and later, which is also
     assumed when no GPU is visible to tell, e.g. when a CPU machine plans a GPU grid), else "off".
-    Measured harmless before it was made the default: results/cpu-bf16."""
+    Measured harmless before it was made the default: results/cpu-bf16.
+
+    DFBENCH_AUTO_AMP=off (or bf16) makes auto resolve to that on any machine, e.g. to give a grid the
+    same run ids on CPUs with and without bfloat16 (the test suite sets it to off)."""
+    forced = os.environ.get("DFBENCH_AUTO_AMP", "").strip()
+    if forced:
+        if forced not in ("off", "bf16"):
+            from dfbench.benchmark.core.config import ConfigError
+
+            raise ConfigError(f"DFBENCH_AUTO_AMP={forced!r} is not a train.amp=auto choice: set it to off or bf16, "
+                              "or unset it to let the device decide")
+        return forced
     if device_type(device) == "cuda":
         if torch.cuda.is_available():
             return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "off"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dfbench.benchmark.core import numerics, runfolder
+from dfbench.benchmark.core.config import ConfigError
 from dfbench.benchmark.engine.lifecycle import run
 from helpers import tiny_config
 
@@ -50,3 +51,19 @@ def test_a_run_with_auto_records_bf16_on_a_cpu_with_it(tmp_path, tiny_data, monk
     d = run(cfg, tmp_path, progress=False, data=tiny_data)
     assert json.loads((d / runfolder.CONFIG).read_text())["train"]["amp"] == "bf16"
     assert json.loads((d / runfolder.NUMERICS).read_text())["starts"][-1]["amp"] == "bf16"
+
+
+def test_dfbench_auto_amp_forces_the_choice_on_any_machine(monkeypatch):
+    monkeypatch.setattr(numerics, "cpu_bf16", lambda: False)
+    monkeypatch.setenv("DFBENCH_AUTO_AMP", "bf16")
+    assert tiny_config(over={"train.amp": "auto"}).train.amp == "bf16"
+    monkeypatch.setattr(numerics, "cpu_bf16", lambda: True)
+    monkeypatch.setenv("DFBENCH_AUTO_AMP", "off")
+    assert tiny_config(over={"train.amp": "auto"}).train.amp == "off"
+    assert tiny_config(over={"train.amp": "bf16"}).train.amp == "bf16"  # an explicit choice is not auto's
+
+
+def test_a_bad_dfbench_auto_amp_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("DFBENCH_AUTO_AMP", "fp16")
+    with pytest.raises(ConfigError, match="DFBENCH_AUTO_AMP='fp16'.*off or bf16"):
+        tiny_config(over={"train.amp": "auto"})

@@ -89,6 +89,7 @@ def _report(tmp_path: Path, train: type, cells: list[tuple[float, int]]):
     old = C.RunConfig(seed=2).to_dict()
     old.pop("privacy")  # as config.json read before the later fields
     del old["train"]["lr_decay"]
+    old["train"]["amp"] = "off"  # what a run wrote before train.amp=auto (a config.json holds the resolved choice)
     records.append({"run_id": "s2-before", **old})
     for i, rec in enumerate(records):
         _write_run(tmp_path, rec, 100.0 + i)
