@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib.metadata
-import json
 import os
 import platform
 import statistics
@@ -72,7 +71,7 @@ from dfbench.benchmark.core.seeds import derive_seed
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.local_step import StepSettings, local_train
 from dfbench.benchmark.engine.model import build_model, resolve_preset
-from dfbench.benchmark.perf import LoopTimer, PerfOptions, run_config, synthetic_images
+from dfbench.benchmark.perf import LoopTimer, PerfOptions, comma_list, run_config, synthetic_images, write_page
 from dfbench.methods.base import LocalStep
 
 DEFAULT_OUT = Path("results/perf")
@@ -490,18 +489,10 @@ def run_bench(o: BenchOptions, say: Callable[[str], None] = lambda _m: None) -> 
 
 def write(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """DIR/flower.md (the page) and DIR/flower.json (the report)."""
-    out.mkdir(parents=True, exist_ok=True)
-    md, js = out / "flower.md", out / "flower.json"
-    md.write_text(render(report))
-    js.write_text(json.dumps(report, indent=1) + "\n")
-    return md, js
+    return write_page(out, "flower", render(report), report)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 2,10,40; got {text!r}") from None
+_ints = comma_list(int, "integers", "2,10,40")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

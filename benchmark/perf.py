@@ -24,7 +24,9 @@ uint8 images of the preset's shape: the speed of a step does not depend on pixel
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import json
 import math
 import os
 import time
@@ -127,6 +129,27 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - t0
+
+
+def write_page(out: Path, stem: str, markdown: str, report: dict[str, Any]) -> tuple[Path, Path]:
+    """OUT/STEM.md (a benchmark's page) and OUT/STEM.json (its report, every timing): the two files each
+    side-by-side benchmark (flower_bench, submodel_speed) writes."""
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / f"{stem}.md", out / f"{stem}.json"
+    md.write_text(markdown)
+    js.write_text(json.dumps(report, indent=1) + "\n")
+    return md, js
+
+
+def comma_list(cast: Callable[[str], Any], what: str, example: str) -> Callable[[str], tuple[Any, ...]]:
+    """An argparse type: "2,10,40" -> (2, 10, 40) with `cast`, or an error naming `what` and an `example`."""
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(cast(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, e.g. {example}; got {text!r}") from None
+
+    return parse
 
 
 def _grey(preset: str) -> bool:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import platform
 import statistics
@@ -53,7 +52,7 @@ from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.local_step import StepSettings, local_train
 from dfbench.benchmark.engine.model import build_model
 from dfbench.benchmark.engine.resolve import apply_overrides
-from dfbench.benchmark.perf import PerfOptions, run_config, synthetic_images
+from dfbench.benchmark.perf import PerfOptions, comma_list, run_config, synthetic_images, write_page
 
 DEFAULT_OUT = Path("results/perf")
 #: structured sub-models first, then the masks they are compared with (the reference, FedAvg, is added first)
@@ -229,18 +228,10 @@ def run_bench(o: SpeedOptions, say: Callable[[str], None] = lambda _m: None) -> 
 
 def write(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """DIR/submodel_speed.md (the page) and DIR/submodel_speed.json (the report)."""
-    out.mkdir(parents=True, exist_ok=True)
-    md, js = out / "submodel_speed.md", out / "submodel_speed.json"
-    md.write_text(render(report))
-    js.write_text(json.dumps(report, indent=1) + "\n")
-    return md, js
+    return write_page(out, "submodel_speed", render(report), report)
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, e.g. 1.0,0.5; got {text!r}") from None
+_floats = comma_list(float, "numbers", "1.0,0.5")
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -162,8 +162,7 @@ def train_clients(method: methods.Method, state: methods.ServerState, ctx: RunCo
         else:
             for plan in ahead_plans.values():
                 ctx.get_objective(plan.step.objective)  # filled before the fork: the workers share the cache
-            plans = ahead_plans
-            ahead_results = parallel.train_clients(lambda k: train(k, plans[k]), list(plans), workers)
+            ahead_results = parallel.train_clients(lambda k, plans=ahead_plans: train(k, plans[k]), list(ahead_plans), workers)
     for k in mine:
         steps = int(ctx.local_steps[k])
         if ahead_plans is not None and ahead_results is not None:

@@ -71,6 +71,7 @@ def test_bad_options_are_refused_in_one_line(change, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # trains 25 clients of the tiny preset (about 5-11 s)
 def test_quick_run_prints_every_method_row_and_writes_only_where_told(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # a default --out would land here
     threads = torch.get_num_threads()
