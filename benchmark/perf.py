@@ -6,7 +6,10 @@ What it measures (all on the same device, same model preset, same batch size):
     N clients x S local steps, aggregation, diagnostics) divided by the wall time of the
     same number of plain training steps of one model (a hand-written loop: the model, one
     Adam, the same objective and gradient clipping, batches drawn on the device). 1.00 means
-    the federated bookkeeping costs nothing; the target is <= 1.05.
+    the federated bookkeeping costs nothing; the target is <= 1.05. Beside them, the same
+    clients' bare `local_train` calls, and the loop's milliseconds per round over those (what the
+    round adds to its clients' training); the loops train one client at a time
+    (train.client_workers=1), and a last row trains FedAvg's clients side by side.
 (b) training images per second of each of those.
 (c) FID feature extraction, images per second: dfbench's `Extractor.features` against
     pytorch-fid's own `InceptionV3` forward on the same images, with the same network
