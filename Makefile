@@ -146,7 +146,7 @@ bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / mi
 
 bench-cpu-bf16: $(VENV)/.installed ## bf16 autocast vs float32 training, paper-fmnist's FedAvg cell, 10 fresh seeds, equivalence within 5 % in three metrics (~35 min on 2 cores), results in results/cpu-bf16/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-bf16/cpu-bf16.toml --download --workers $(CPU_WORKERS) --out results/cpu-bf16/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-bf16/runs --out results/cpu-bf16 --claims results/cpu-bf16/cpu-bf16.claims.toml && \
+	$(BIN)/dfbench report --runs results/cpu-bf16/runs --out results/cpu-bf16 --reference 'fedavg?train.amp=off' --claims results/cpu-bf16/cpu-bf16.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-bf16 && exit $$status
 
 bench-run-speed: $(VENV)/.installed ## one dfbench run of paper-fmnist's FedAvg cell before / after issue 52's speed-ups, side by side (~12 min on 2 cores), results/cpu-bf16/speed_run.md
