@@ -11,7 +11,8 @@
     drift.json      same-noise drift recorded after the run's evaluation (its dense reference finished
                     later: benchmark/metrics/drift.py); metrics.json stays what the evaluation wrote
     grid.png        the fixed-noise sample grid; samples.npz holds every evaluated sample (uint8)
-    status.json     running / interrupted / done / failed (error, traceback) / diverged (reason)
+    status.json     running / interrupted / done / failed (error, traceback) / diverged (reason); when it was
+                    written (updated, updated_epoch) and when the run first started (started, started_epoch)
     checkpoints/    ckpt-<round>.pt, written atomically; the last two are kept
     .lock           the owner's lock (benchmark/core/lock.py)
 
@@ -124,11 +125,34 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def _stamp(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(epoch))
+
+
 def write_status(d: Path, state: str, **extra: Any) -> None:
+    """status.json: the state, when it was written ("updated", "updated_epoch") and when the run began
+    ("started", "started_epoch"), which the first status of the folder sets and every later one keeps
+    (a resume, `dfbench eval`). A status written before that field existed, or one that does not parse,
+    gets none: a resume must not pass its own time off as the run's start (the report's pre-registration
+    check, benchmark/report/claims.py, then dates the run by updated_epoch - wall_seconds)."""
     assert state in STATES, state
     now = time.time()  # "updated_epoch": sub-second, so grid workers can tell what a peer wrote after they started
-    write_json(d / STATUS, {"state": state, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-                                   "updated_epoch": round(now, 3), **extra})
+    write_json(d / STATUS, {"state": state, "updated": _stamp(now), "updated_epoch": round(now, 3),
+                            **_first_start(d, now), **extra})
+
+
+def _first_start(d: Path, now: float) -> dict[str, Any]:
+    """The started fields the status in `d` keeps: its own, none for a status without them, `now`'s for a first one."""
+    path = Path(d) / STATUS
+    if not path.exists():
+        return {"started": _stamp(now), "started_epoch": round(now, 3)}
+    try:
+        before = read_json(path)
+    except (OSError, ValueError):  # damaged: when the run began is lost, not now
+        return {}
+    if not isinstance(before, dict) or not isinstance(before.get("started_epoch"), (int, float)):
+        return {}
+    return {"started": before.get("started") or _stamp(before["started_epoch"]), "started_epoch": before["started_epoch"]}
 
 
 def read_status(d: Path) -> dict[str, Any] | None:
@@ -332,6 +356,19 @@ class RunFolder:
         """metrics.json (the run's own evaluation), or None when the run has not written one."""
         p = self.path / METRICS
         return read_json(p) if p.is_file() else None
+
+    def started(self) -> tuple[float, str] | None:
+        """When the run first started (epoch seconds) and how that is known: "recorded" (status.json's
+        started_epoch) or, for a run written before that field, "derived" (status.json's updated_epoch minus
+        metrics.json's wall_seconds: the latest it can have started, since wall_seconds counts the rounds and
+        the evaluation, not the setup or the pauses between a run's starts); None when neither is there."""
+        status = self.status() or {}
+        if isinstance(status.get("started_epoch"), (int, float)):
+            return float(status["started_epoch"]), "recorded"
+        wall = (self.metrics() or {}).get("wall_seconds")
+        if isinstance(status.get("updated_epoch"), (int, float)) and isinstance(wall, (int, float)):
+            return float(status["updated_epoch"]) - float(wall), "derived"
+        return None
 
 
 def iter_runs(root: str | os.PathLike) -> Iterator[RunFolder]:

@@ -106,7 +106,7 @@ def results(d: Path) -> dict[str, Any]:
         out[name] = [runfolder.without_wall_clock(r) for r in _rows(d, name)]
     metrics = json.loads((d / runfolder.METRICS).read_text())
     out[runfolder.METRICS] = {k: v for k, v in metrics.items() if k not in WALL}
-    out[runfolder.STATUS] = {k: v for k, v in runfolder.read_status(d).items() if k not in ("updated", "updated_epoch")}
+    out[runfolder.STATUS] = {k: v for k, v in runfolder.read_status(d).items() if k not in ("updated", "updated_epoch", "started", "started_epoch")}
     for ck in sorted((d / runfolder.CHECKPOINTS).glob("*.pt")):
         state = torch.load(ck, weights_only=True)
         state["totals"] = {k: v for k, v in state["totals"].items() if k != "wall_seconds"}

@@ -107,3 +107,27 @@ def test_no_module_outside_runfolder_spells_a_run_folder_file_name() -> None:
     assert len(files) > 50  # the walk saw the package
     hits = [h for f in files for h in spelled_file_names(f, names)]
     assert not hits, "name these files through benchmark/core/runfolder.py's constants:\n" + "\n".join(hits)
+
+
+def test_status_keeps_the_first_start_and_a_run_without_one_is_dated_by_its_wall_time(tmp_path: Path, monkeypatch) -> None:
+    # prepare: a clock that says what we tell it
+    clock = [1000.0]
+    monkeypatch.setattr(runfolder.time, "time", lambda: clock[0])
+    d = tmp_path / "run"
+    d.mkdir()
+    # execute: the first status, a resume's, the final one
+    for now, state in ((1000.0, runfolder.RUNNING), (2000.5, runfolder.INTERRUPTED), (3000.25, runfolder.DONE)):
+        clock[0] = now
+        runfolder.write_status(d, state)
+    # assert: every status keeps the first start; only "updated" moves
+    status = runfolder.read_status(d)
+    assert status["started_epoch"] == 1000.0 and status["updated_epoch"] == 3000.25 and status["started"]
+    assert runfolder.RunFolder(d).started() == (1000.0, "recorded")
+    # a status written before the field existed gains none when resumed (the resume is not the start) ...
+    runfolder.write_json(d / runfolder.STATUS, {"state": "interrupted", "updated_epoch": 5000.0})
+    clock[0] = 6000.0
+    runfolder.write_status(d, runfolder.DONE)
+    assert "started_epoch" not in runfolder.read_status(d) and runfolder.RunFolder(d).started() is None
+    # ... and is dated by updated_epoch - wall_seconds once metrics.json says how long it ran
+    runfolder.write_json(d / runfolder.METRICS, {"wall_seconds": 500.0})
+    assert runfolder.RunFolder(d).started() == (5500.0, "derived")
