@@ -184,7 +184,7 @@ bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at 
 # fresh clone (no .venv/.installed yet), never again: it is what one runs on a machine to ask what it lacks.
 GPU_DEVICE ?= cuda
 CIFAR10_GPU_DRY = $(findstring n,$(firstword -$(MAKEFLAGS)))
-bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR-10 for one GPU: DDPM's UNet, FedAvg vs random / top-k at keep 0.75/0.5/0.25, FID + KID on 10k samples, 3-10 seeds (60 cells), and issue 53's sub-models on the same UNet built width-aware (ddpm32: FedAvg, HeteroFL, FedRolex, FjORD at tiers 1.0/0.4, random / balanced masks at keep 0.5, 3 seeds: 18 cells); 78 cells, ~35 GPU-hours on an H200, estimated; results in results/cifar10-gpu/
+bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR-10 for one GPU: DDPM's UNet, FedAvg vs random / top-k at keep 0.75/0.5/0.25, FID + KID on 10k samples, 3-10 seeds (60 cells), and issue 53's sub-models on the same UNet built width-aware (ddpm32: FedAvg, HeteroFL, FedRolex, FjORD at tiers 1.0/0.4, random / balanced masks at keep 0.5, FedPhD and hierarchical FedAvg under 2 edge servers, 3 seeds: 24 cells); 84 cells, ~37 GPU-hours on an H200, estimated; results in results/cifar10-gpu/
 	+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	$(BIN)/dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \

@@ -184,17 +184,23 @@ def test_the_gpu_study_plan_the_scale_out_page_quotes() -> None:
     grid, model, _, _ = gpu_plan.load_study_grid(str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml"))
     cells = grid.cells
     trained = [c for c in cells if c.cfg.train.rounds > 0]
-    assert model == "diffusers-ddpm-cifar10" and len(cells) == 78 and len(trained) == 68
+    assert model == "diffusers-ddpm-cifar10" and len(cells) == 84 and len(trained) == 74
     pruning = [c for c in cells if c.cfg.train.model == model]
     block = [c for c in cells if c.cfg.train.model == "ddpm32"]  # issue 53's sub-models
-    assert len(pruning) == 60 and len([c for c in pruning if c.cfg.train.rounds > 0]) == 50 and len(block) == 18
+    assert len(pruning) == 60 and len([c for c in pruning if c.cfg.train.rounds > 0]) == 50 and len(block) == 24
     assert sorted({dict(c.cfg.method_params).get("keep_ratio") for c in pruning if c.cfg.train.rounds > 0} - {None}) == [0.25, 0.5, 0.75]
     assert {c.cfg.data.partition for c in cells} == {"dirichlet:0.5"} and {c.cfg.data.clients for c in cells} == {10}
     assert {(c.cfg.eval.samples, c.cfg.eval.sampler_steps) for c in cells} == {(10_000, 50)}
     assert {c.cfg.train.lr for c in trained} == {2e-4}
     assert {c.cfg.system.capacity for c in block} == {"", "1.0:0.5,0.4:0.5"} and {c.cfg.seed for c in block} == {0, 1, 2}
+    # FedPhD and hierarchical FedAvg: 2 edges x 5 edge rounds x 20 cloud rounds = the block's 100 rounds of clients;
+    # FedPhD keeps base width 96 of 128 (prune ratio 0.25)
+    edged = [c for c in block if c.cfg.system.edges]
+    assert {(c.cfg.method, c.cfg.system.edges, c.cfg.system.edge_rounds, c.cfg.train.rounds) for c in edged} == {
+        ("fedphd", 2, 5, 20), ("fedavg", 2, 5, 20)} and len(edged) == 6
+    assert {dict(c.cfg.method_params)["prune_ratio"] for c in edged if c.cfg.method == "fedphd"} == {0.25}
     scales = {"ddpm32": 1.0}  # model_scales: the ratio of their forward FLOPs (tests/runs/test_diffusers_models.py: equal)
-    for gpu, hours, dinov2_hours, block_hours in (("h200", 35, 1.7, 8.3), ("a100", 113, 5.7, 27.1)):
+    for gpu, hours, dinov2_hours, block_hours in (("h200", 37, 1.7, 10.8), ("a100", 121, 5.9, 35.5)):
         throughput = gpu_plan.stated_throughput(gpu)
         plan = gpu_plan.plan_study(grid, throughput, dinov2_available=False, model_scale=scales)
         with_dinov2 = gpu_plan.plan_study(grid, throughput, dinov2_available=True, model_scale=scales)
@@ -206,10 +212,10 @@ def test_the_gpu_study_plan_the_scale_out_page_quotes() -> None:
     grads = {c.sample_grads for c in plan.cells if c.sample_grads}
     assert grads == {1_280_000} and round(1_280_000 / 1e6, 2) == 1.28
     passes = sum(c.passes for c in plan.cells)
-    assert passes == 170 and {c.nfe / c.passes for c in plan.cells} == {500_000}
-    assert round(sum(c.sample_grads for c in plan.cells) * t.train_ms / 1000 / 3600, 1) == 24.2
-    assert round(sum(c.nfe for c in plan.cells) * t.forward_ms / 1000 / 3600, 1) == 7.8
-    assert round(passes * t.score_s / 3600, 1) == 2.8
+    assert passes == 176 and {c.nfe / c.passes for c in plan.cells} == {500_000}
+    assert round(sum(c.sample_grads for c in plan.cells) * t.train_ms / 1000 / 3600, 1) == 26.3
+    assert round(sum(c.nfe for c in plan.cells) * t.forward_ms / 1000 / 3600, 1) == 8.1
+    assert round(passes * t.score_s / 3600, 1) == 2.9
     features = sum(n * t.inception_ms / 1000 for c in plan.cells for n in c.feature_images.values())
     assert round(features / 3600, 2) == 0.07
 

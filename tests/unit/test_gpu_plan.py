@@ -77,7 +77,7 @@ def test_the_dry_run_exits_0_with_the_plan_and_the_real_run_stops_before_any_cel
     assert G.main([GRID, "--dry-run", "--data-root", str(bare_machine)]) == 0
     out = capsys.readouterr().out
     for needle in ("preflight (what this machine has)",
-                   "plan: 78 cells (68 trained, 10 untrained): 60 of diffusers-ddpm-cifar10, 18 of ddpm32 (planned with",
+                   "plan: 84 cells (74 trained, 10 untrained): 60 of diffusers-ddpm-cifar10, 24 of ddpm32 (planned with",
                    f"planned with {G.STAND_IN_MODEL} in its place", "GPU-hours on one NVIDIA H200, ESTIMATED (not measured here)",
                    "times this grid's own network there", "make gpu-check", "seeds: each claim of cifar10-gpu.claims.toml",
                    "dry run: nothing was run"):
@@ -273,12 +273,14 @@ def test_the_shipped_grid_gives_every_claim_in_reach_the_seeds_it_needs(no_cuda)
         assert len(cells) == len({c.cfg.seed for c in cells}) == n, spec
     assert sum(rule.values()) == len([c for c in grid.cells if c.cfg.train.model == pruning["train.model"]]) == 60
     assert all(c.cfg.seed != 7 for c in grid.cells)
-    # the sub-model block (issue 53): six settings on ddpm32 at seeds 0-2, none of them a claim's
+    # the sub-model block (issue 53): eight settings on ddpm32 at seeds 0-2, none of them a claim's
     block = [c for c in grid.cells if c.cfg.train.model == "ddpm32"]
-    assert len(block) == len(grid.cells) - 60 == 18 and {c.cfg.seed for c in block} == {0, 1, 2}
-    assert {(c.cfg.method, c.cfg.system.capacity) for c in block} == {
-        ("fedavg", ""), ("heterofl", "1.0:0.5,0.4:0.5"), ("fedrolex", "1.0:0.5,0.4:0.5"), ("fjord", "1.0:0.5,0.4:0.5"),
-        ("random_prune", ""), ("balanced_prune", "")}
+    assert len(block) == len(grid.cells) - 60 == 24 and {c.cfg.seed for c in block} == {0, 1, 2}
+    assert {(c.cfg.method, c.cfg.system.capacity, c.cfg.system.edges) for c in block} == {
+        ("fedavg", "", 0), ("heterofl", "1.0:0.5,0.4:0.5", 0), ("fedrolex", "1.0:0.5,0.4:0.5", 0),
+        ("fjord", "1.0:0.5,0.4:0.5", 0), ("random_prune", "", 0), ("balanced_prune", "", 0), ("fedphd", "", 2), ("fedavg", "", 2)}
+    assert all(len([c for c in block if (c.method, c.cfg.system.edges) == key]) == 3
+               for key in {(c.method, c.cfg.system.edges) for c in block})
     assert all(dict(c.cfg.method_params)["keep_ratio"] == 0.5 for c in block if c.cfg.method.endswith("_prune"))
     # the study's budget: DDPM's CIFAR-10 network, 10k samples scored by FID and KID
     cfg = next(c.cfg for c in grid.cells if c.cfg.train.rounds > 0)
@@ -308,7 +310,7 @@ def test_make_n_prints_the_plan_and_runs_nothing_else(tmp_path):
     env = {**__import__("os").environ, "TORCH_HOME": str(tmp_path / "torch_home"), "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(["make", "-n", "bench-cifar10-gpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "plan: 78 cells" in out.stdout and "dry run: nothing was run" in out.stdout
+    assert "plan: 84 cells" in out.stdout and "dry run: nothing was run" in out.stdout
     assert "dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs" in out.stdout  # printed, not run
     assert not (ROOT / "results" / "cifar10-gpu" / "runs").exists()
 
