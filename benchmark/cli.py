@@ -321,10 +321,15 @@ def cmd_report(a: argparse.Namespace) -> int:
     # The reporter only reads run folders: it writes nothing into them and computes no drift (that
     # needs the extractors and their weights). A run evaluated before its dense reference finished,
     # and not caught by its grid's last worker, shows no drift; say which command records it.
-    from dfbench.benchmark.report.claims import ClaimsError
+    from dfbench.benchmark.report.claims import ClaimsError, NotPreregistered
 
     try:  # (no run folder under --runs: FileNotFoundError, said by main in one line, nothing written)
         paths = build_report(a.runs, a.out, target, reference=a.reference, margin=a.margin, claims=a.claims)
+    except NotPreregistered as err:  # everything is written; a make target must still fail
+        for k, v in err.written.items():
+            print(f"{k}: {v}")
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except (ClaimsError, ValueError) as err:  # a bad claims file or margin: said before anything is written
         print(f"error: {err}", file=sys.stderr)
         return 2

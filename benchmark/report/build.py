@@ -64,7 +64,9 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     reference, FedAvg), and the equivalence margin (verdicts.py).
     Also ``runs_csv`` (runs.csv: one row per run, its scores and pairing records: what the verdicts and
     claims are computed from) and, with a `claims` file, ``claims_md`` / ``claims_csv`` (claims.py),
-    quoted into ``out_dir``/README.md where it has the claims block.
+    quoted into ``out_dir``/README.md where it has the claims block. A claims file with
+    ``preregistered = true`` that was not committed before every run raises `claims.NotPreregistered`
+    after everything is written (its ``written``: these files).
     """
     from dfbench.benchmark.report import verdicts
     from dfbench.benchmark.report.plots import make_plots  # matplotlib is heavy; import only when drawing
@@ -121,11 +123,18 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         "leaderboard_md": write_markdown(data.table, data.metrics, meta, out, _targets(images, out)),
         "leaderboard_html": write_html(data.table, data.metrics, meta, out, images),
     }
-    written["runs_csv"] = write_runs_csv(data.runs, data.metrics, out / "runs.csv")
+    runs, not_preregistered = data.runs, None
     if claim_list is not None:
-        from dfbench.benchmark.report.claims import write_claims
+        from dfbench.benchmark.report.claims import NotPreregistered, preregistered, with_starts, write_claims
 
-        written.update(write_claims(data.runs, claims, out, primary_metric(data.metrics)))  # type: ignore[arg-type]
+        if preregistered(claims):  # type: ignore[arg-type]
+            runs = with_starts(runs)  # into runs.csv too: the check is made again from a committed runs.csv
+    written["runs_csv"] = write_runs_csv(runs, data.metrics, out / "runs.csv")
+    if claim_list is not None:
+        try:
+            written.update(write_claims(runs, claims, out, primary_metric(data.metrics)))  # type: ignore[arg-type]
+        except NotPreregistered as err:  # the report is written whole, then the caller is told
+            not_preregistered = err
     if not data.inference.empty:  # only then: a report over runs without rule rows is what it always was
         written["inference_rules_csv"] = write_inference_csv(data.inference, out / "inference_rules.csv")
     written.update(images)
@@ -133,11 +142,15 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         skipped = out / "skipped.txt"
         skipped.write_text("\n".join(notes) + "\n", encoding="utf-8")
         written["skipped"] = skipped
+    if not_preregistered is not None:
+        not_preregistered.written = written
+        raise not_preregistered
     return written
 
 
 RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
-               "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb"]
+               "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb",
+               "started_epoch", "started_how"]  # the last two only for a pre-registered claims file (claims.with_starts)
 
 
 def write_runs_csv(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:

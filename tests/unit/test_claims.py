@@ -178,3 +178,137 @@ def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tm
     runs = study_claims.read_runs(root / "results" / "paper-fmnist")
     C.write_claims(runs, inside, tmp_path, study_claims._primary(runs))
     assert "From `results/paper-fmnist/paper-fmnist.claims.toml`." in (tmp_path / "claims.md").read_text()
+
+
+# -- pre-registration: the claims file's last commit comes before every run ---------------------
+
+COMMITTED = 1893456000  # 2030-01-01 00:00:00 UTC, the commit date the temporary repository is given
+
+
+def _git(repo: Path, *args: str) -> str:
+    import os
+    import subprocess
+
+    date = f"@{COMMITTED} +0000"  # fixed dates: the tests never depend on the clock
+    env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    return subprocess.run(["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args], env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def _committed_claims(tmp_path: Path, monkeypatch, body: str = "preregistered = true\n" + GOOD) -> tuple[Path, str]:
+    """A claims file committed in a new repository at COMMITTED; (its path, the short hash)."""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above tmp_path is seen
+    repo = tmp_path / "repo"
+    repo.mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.name", "Test")
+    _git(repo, "config", "user.email", "test@example.org")
+    path = repo / "study.claims.toml"
+    path.write_text(body)
+    _git(repo, "add", path.name)
+    _git(repo, "commit", "-q", "-m", "claims")
+    return path, _git(repo, "rev-parse", "--short=7", "HEAD")
+
+
+def _started(offsets: list[float]) -> pd.DataFrame:
+    """_runs() with run ids and a recorded start at COMMITTED + each offset (seconds), one per run in order."""
+    runs = _runs()
+    runs["run_id"] = [f"r{i:02d}" for i in range(len(runs))]
+    runs["started_epoch"] = [COMMITTED + o for o in offsets]
+    runs["started_how"] = "recorded"
+    return runs
+
+
+def test_preregistered_claims_hold_when_every_run_started_after_their_commit(tmp_path, monkeypatch):
+    path, commit = _committed_claims(tmp_path, monkeypatch)
+    runs = _started([60.0] * 16)
+    C.write_claims(runs, path, tmp_path / "out", "fd_fmnist")
+    md = (tmp_path / "out" / "claims.md").read_text()
+    line = f"Pre-registered: claims committed in {commit} at 2030-01-01 00:00:00 UTC; all 16 runs started after it."
+    assert f"\n\n{line}\n\n| claim |" in md
+    # the README's block is the table alone: decided from runs.csv, as before
+    assert md.endswith(C.to_markdown(C.decide(runs, C.load_claims(path), "fd_fmnist")))
+
+
+def test_a_run_started_before_the_claims_commit_fails_the_report_after_writing_it(tmp_path, monkeypatch):
+    path, commit = _committed_claims(tmp_path, monkeypatch)
+    runs = _started([60.0] * 13 + [-3600.0, -7200.0, 30.0])  # r13 and r14 began before the commit, r14 first
+    with pytest.raises(C.NotPreregistered) as raised:
+        C.write_claims(runs, path, tmp_path / "out", "fd_fmnist")
+    message = str(raised.value)
+    assert "\n" not in message and str(path) in message and commit in message and "the first r14 at 2029-12-31 22:00:00 UTC" in message
+    assert set(raised.value.written) == {"claims_md", "claims_csv"} and (tmp_path / "out" / "claims.csv").is_file()
+    md = (tmp_path / "out" / "claims.md").read_text()
+    assert (f"NOT pre-registered: 2 of 16 runs started before the claims' last commit {commit} (2030-01-01 00:00:00 UTC), "
+            "e.g. r14 (started 2029-12-31 22:00:00 UTC).") in md
+    # a run without any start time is not taken to be after the commit
+    unknown = _started([60.0] * 16)
+    unknown.loc[3, "started_epoch"] = math.nan
+    with pytest.raises(C.NotPreregistered, match="1 of 16 runs have no start time"):
+        C.write_claims(unknown, path, tmp_path / "out2", "fd_fmnist")
+    # without the key nothing is checked and claims.md is what it always was
+    plain, _ = _committed_claims(tmp_path / "plain", monkeypatch, GOOD)
+    C.write_claims(runs, plain, tmp_path / "out3", "fd_fmnist")
+    assert (tmp_path / "out3" / "claims.md").read_text() == f"# Claims\n\nFrom `{plain.as_posix()}`.\n\n" + C.to_markdown(
+        C.decide(runs, C.load_claims(plain), "fd_fmnist"))
+
+
+def test_claims_with_uncommitted_changes_are_not_preregistered(tmp_path, monkeypatch):
+    path, _ = _committed_claims(tmp_path, monkeypatch)
+    path.write_text(path.read_text().replace("top-k beats random", "top-k beats random by far"))
+    with pytest.raises(C.NotPreregistered, match="uncommitted changes"):
+        C.write_claims(_started([60.0] * 16), path, tmp_path / "out", "fd_fmnist")
+    assert "NOT pre-registered: `" + path.as_posix() + "` has uncommitted changes" in (tmp_path / "out" / "claims.md").read_text()
+    # a file git has never seen is not committed either
+    new = path.with_name("new.claims.toml")
+    new.write_text(path.read_text())
+    assert C.check_preregistration(new, _started([60.0] * 16)).failure is not None
+
+
+def test_outside_a_git_checkout_preregistration_is_not_checked_and_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    path = _claims(tmp_path, "preregistered = true\n" + GOOD)
+    C.write_claims(_started([-60.0] * 16), path, tmp_path / "out", "fd_fmnist")  # no exception: nothing to check against
+    md = (tmp_path / "out" / "claims.md").read_text()
+    assert "Pre-registration not checked: git cannot say when" in md and "not a git repository" in md
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no git at all
+    assert C.check_preregistration(path, _started([60.0] * 16)).line == "Pre-registration not checked: git is not installed."
+    with pytest.raises(C.ClaimsError, match="preregistered = 'yes'; write true or false"):
+        C.load_claims(_claims(tmp_path, 'preregistered = "yes"\n' + GOOD))
+
+
+@pytest.mark.slow  # a whole report (plots, mosaics) over hand-made run folders
+def test_dfbench_report_exits_nonzero_naming_the_first_run_before_the_claims_commit(tmp_path, monkeypatch, capsys):
+    import json
+
+    from dfbench.benchmark.cli import main
+    from helpers import fd, make_run
+
+    path, commit = _committed_claims(tmp_path, monkeypatch, "preregistered = true\n" + '''
+metric = "fd_fmnist"
+[[claim]]
+id = "P1"
+statement = "FedProx beats FedAvg"
+a = "fedprox"
+b = "fedavg"
+expect = "better"
+''')
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    for seed in range(3):
+        for method, value in (("fedavg", 20.0), ("fedprox", 10.0)):
+            d = make_run(runs, f"s{seed}-{method}", seed=seed, method=method, evaluations=[fd(value + seed)])
+            # fedavg seed 1 started an hour before the commit (recorded); the others are dated by
+            # updated_epoch - wall_seconds (make_run's metrics.json says 60 s), after it
+            status = ({"state": "done", "started_epoch": COMMITTED - 3600.0, "updated_epoch": COMMITTED + 99.0}
+                      if (method, seed) == ("fedavg", 1) else {"state": "done", "updated_epoch": COMMITTED + 600.0})
+            (d / "status.json").write_text(json.dumps(status))
+    assert main(["report", "--runs", str(runs), "--out", str(out), "--claims", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and commit in err[0] and "the first s1-fedavg at 2029-12-31 23:00:00 UTC" in err[0]
+    assert "NOT pre-registered: 1 of 6 runs started before" in (out / "claims.md").read_text()
+    assert (out / "leaderboard.md").is_file() and (out / "report.json").is_file()
+    # runs.csv keeps the starts, so the check is made again without the run folders
+    table = pd.read_csv(out / "runs.csv")
+    assert sorted(table["started_how"]) == ["derived"] * 5 + ["recorded"]
+    with pytest.raises(C.NotPreregistered, match="s1-fedavg"):
+        C.write_claims(table, path, tmp_path / "again", "fd_fmnist")
