@@ -101,6 +101,23 @@ class ServerState:
         self.extra.setdefault(key, {})[client] = value
 
 
+@dataclass(eq=False)
+class DenseNetwork:
+    """A structured sub-model trained at its own size: a narrower network whose every parameter entry is
+    one entry of the global flat vector (divided by a fixed scale).
+
+    The shared local step gathers those entries once, trains the narrow network densely in a flat buffer
+    of its own (its gradient, clipping and Adam the size of the sub-model, not of the full model), and
+    scatters the result back once: the same function and the same update as training `LocalStep.network`
+    inside `LocalStep.mask` (bitwise, but for the order of the sums in gradient clipping and the probe), at
+    the narrow network's cost per step.
+    """
+
+    arch: nn.Module  # the narrow architecture (meta device: structure only; the step builds it once)
+    index: torch.Tensor  # long [p']: the global flat position of each entry of arch's parameters, in their order
+    scaled: tuple[tuple[int, int, float], ...] = ()  # (offset, numel, s): those narrow entries are global / s
+
+
 @dataclass
 class LocalStep:
     """What a method asks of the ONE shared local step (benchmark/engine/local_step.py) for one client."""
@@ -112,11 +129,13 @@ class LocalStep:
     network: nn.Module | None = None
     # [P]; after every optimizer step the parameters also move by -lr * this (e.g. a control variate)
     step_correction: torch.Tensor | None = None
+    # `network` (inside `mask`) as a narrower network of its own: trained at its own size (structured sub-models)
+    dense: DenseNetwork | None = None
 
     @property
     def lockstep(self) -> bool:
         """Can this step run in the vmapped lockstep of train.clients_mode=batched (the full model, plain steps)?"""
-        return self.network is None and self.step_correction is None
+        return self.network is None and self.step_correction is None and self.dense is None
 
 
 @dataclass

@@ -80,7 +80,7 @@ from torch import nn
 from dfbench.benchmark.core import presets
 
 from .base import FLOAT_BITS, Capabilities, ClientPlan, EdgeLoad, LocalStep, Method, ServerState, Upload
-from .heterofl import SliceSpec, SubModel, SubModelInfo, kept_mask, measured_flops, narrow_width
+from .heterofl import SliceSpec, SubModel, SubModelInfo, narrow_width, submodel_info
 from .registry import register_method
 
 if TYPE_CHECKING:
@@ -370,7 +370,7 @@ class FedPhD(Method):
             return plan
         # start = the global parameters: the pruned network reads only the kept entries; the others get no
         # gradient and are masked out of every aggregate
-        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model),
+        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model, dense=sub.dense),
                           downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
                           flop_fraction=sub.flop_fraction)
 
@@ -444,7 +444,4 @@ def build_pruned(ctx: "MethodContext", prune_ratio: float, keep: list[torch.Tens
         narrow.base = spec.channels
         narrow.time[0] = nn.Linear(spec.channels, narrow.time[0].out_features)
     specs = pruned_specs(ctx.model, narrow, channel_spaces(ctx.model), keep)
-    sub = SubModel(ctx.model, narrow, specs)
-    mask = kept_mask(ctx.layout.names, ctx.layout.shapes, specs, ctx.flat.device)
-    flops = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
-    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flops), width=width)
+    return submodel_info(ctx, SubModel(ctx.model, narrow, specs), None, width)

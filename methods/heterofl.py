@@ -16,7 +16,10 @@ Forward pass: `SubModel` runs `torch.func.functional_call` of a UNet built at th
 (its own weights unused, on the meta device; its first time layer reads the full c0 sinusoidal
 features) with the sliced full parameters, so the client's
 convolutions really have the narrow shapes (the compute saving is real) and the gradient flows
-back into the kept entries of the global parameters only.
+back into the kept entries of the global parameters only. That is how sampling runs it. Training runs
+its `DenseNetwork` form (methods/base.py, `SubModel.dense`): the kept entries gathered once, the narrow
+UNet trained in a flat buffer of its own size (gradient, clipping, Adam), the result scattered back once:
+the same update at the narrow network's cost per step (`make bench-submodel-speed`).
 
 Which channels a sub-model keeps is a `Channels` choice per channel space (HeteroFL: `leading`;
 FedRolex's rolling window, methods/fedrolex.py); what HeteroFL, FedRolex and FjORD (methods/fjord.py)
@@ -69,7 +72,7 @@ from torch.func import functional_call
 from dfbench.benchmark.core import presets
 from dfbench.benchmark.core.parsing import parse_capacity
 
-from .base import FLOAT_BITS, Capabilities, ClientPlan, LocalStep, Method, ServerState, Upload
+from .base import FLOAT_BITS, Capabilities, ClientPlan, DenseNetwork, LocalStep, Method, ServerState, Upload
 from .registry import register_method
 
 if TYPE_CHECKING:
@@ -189,6 +192,25 @@ class SubModel(nn.Module):
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return functional_call(self._arch[0], self.sliced(), (x, t))
 
+    def dense(self, layout_names: tuple[str, ...], layout_shapes: tuple[tuple[int, ...], ...],
+              layout_offsets: tuple[int, ...]) -> DenseNetwork:
+        """The same network as a `DenseNetwork`: each narrow parameter entry's global flat position and the
+        segments divided by a scale, so the local step trains it at its own size (methods/base.py)."""
+        where = {n: (shape, off) for n, shape, off in zip(layout_names, layout_shapes, layout_offsets)}
+        parts, scaled, off = [], [], 0
+        for name, q in self._arch[0].named_parameters():
+            shape, start = where[name]
+            pos = torch.arange(math.prod(shape)).view(shape)
+            for d, ix in enumerate(self.specs[name].index):
+                if ix is not None:
+                    pos = pos.index_select(d, ix.cpu())
+            parts.append(pos.reshape(-1) + start)
+            if self.specs[name].scale != 1.0:
+                scaled.append((off, q.numel(), self.specs[name].scale))
+            off += q.numel()
+        index = torch.cat(parts).to(next(self.full.parameters()).device)
+        return DenseNetwork(arch=self._arch[0], index=index, scaled=tuple(scaled))
+
 
 def kept_mask(layout_names: tuple[str, ...], layout_shapes: tuple[tuple[int, ...], ...],
               specs: dict[str, SliceSpec], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -222,6 +244,18 @@ class SubModelInfo:
     trained_params: int
     flop_fraction: float
     width: int
+    dense: DenseNetwork | None = None  # the model trained at its own size (set by `submodel_info`)
+
+
+def submodel_info(ctx: "MethodContext", sub: SubModel, flop_fraction: float | None, width: int) -> SubModelInfo:
+    """A sub-model's flat mask, its dense form, parameter count and FLOP fraction (measured unless given)."""
+    names, shapes = ctx.layout.names, ctx.layout.shapes
+    mask = kept_mask(names, shapes, sub.specs, ctx.flat.device)
+    dense = sub.dense(names, shapes, ctx.layout.offsets)
+    if flop_fraction is None:
+        flop_fraction = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
+    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flop_fraction), width=width,
+                        dense=dense)
 
 
 def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True, choose: Channels = leading,
@@ -240,12 +274,7 @@ def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True, choos
         # narrow UNet alone would compute a different, c0'-dimensional embedding).
         narrow.base = spec.channels
         narrow.time[0] = nn.Linear(spec.channels, narrow.time[0].out_features)
-    specs = slice_specs(ctx.model, narrow, scaler, choose)
-    sub = SubModel(ctx.model, narrow, specs)
-    mask = kept_mask(ctx.layout.names, ctx.layout.shapes, specs, ctx.flat.device)
-    if flop_fraction is None:
-        flop_fraction = measured_flops(sub, ctx.image_shape, ctx.device) / max(1, measured_flops(ctx.model, ctx.image_shape, ctx.device))
-    return SubModelInfo(model=sub, mask=mask, trained_params=int(mask.sum()), flop_fraction=float(flop_fraction), width=width)
+    return submodel_info(ctx, SubModel(ctx.model, narrow, slice_specs(ctx.model, narrow, scaler, choose)), flop_fraction, width)
 
 
 # -- the methods ---------------------------------------------------------------------------------
@@ -318,7 +347,10 @@ class WidthSubModels(Method):
         """Train `network` (default: the sub-model) inside `sub`'s mask; 32 bits per kept parameter down."""
         # start = the global parameters: the sub-model reads only the kept entries, the rest
         # gets a zero gradient (Adam then moves nothing) and is masked out of the aggregate
-        return ClientPlan(start=state.params, step=LocalStep(mask=sub.mask, network=sub.model if network is None else network),
+        step = LocalStep(mask=sub.mask, network=sub.model) if network is None else LocalStep(mask=sub.mask, network=network)
+        if network is None:  # trained at its own size (the same update; see methods/base.DenseNetwork)
+            step.dense = sub.dense
+        return ClientPlan(start=state.params, step=step,
                           downlink_bits=FLOAT_BITS * sub.trained_params, trained_params=sub.trained_params,
                           flop_fraction=sub.flop_fraction if flop_fraction is None else flop_fraction)
 

@@ -13,7 +13,9 @@ gradient history moves nothing).
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,7 +24,8 @@ from torch import nn
 
 from dfbench.benchmark.core import numerics
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
-from dfbench.methods.base import LocalStep
+from dfbench.benchmark.engine.model import flatten_
+from dfbench.methods.base import DenseNetwork, LocalStep
 
 if TYPE_CHECKING:
     from dfbench.benchmark.core.config import TrainConfig
@@ -102,6 +105,36 @@ def flat_grad_(model: nn.Module, flat: torch.Tensor) -> tuple[torch.Tensor, list
     return grad, params
 
 
+_DENSE_BUILT: "weakref.WeakKeyDictionary[DenseNetwork, tuple[nn.Module, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def dense_network(dense: DenseNetwork, device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    """(the narrow network built on `device`, its flat parameter buffer), built once per DenseNetwork."""
+    built = _DENSE_BUILT.get(dense)
+    if built is None or built[1].device != device:
+        net = copy.deepcopy(dense.arch).to_empty(device=device)
+        nflat, _ = flatten_(net)
+        if nflat.numel() != dense.index.numel():
+            raise ValueError(f"a DenseNetwork's index has {dense.index.numel()} entries for {nflat.numel()} parameters")
+        built = _DENSE_BUILT[dense] = (net, nflat)
+    return built
+
+
+def load_dense_(nflat: torch.Tensor, w: torch.Tensor, dense: DenseNetwork) -> None:
+    """Narrow parameters <- the trained entries, each scaled segment divided by its scale (as the sliced forward does)."""
+    with torch.no_grad():
+        nflat.copy_(w)
+        for off, n, s in dense.scaled:
+            torch.div(w[off:off + n], s, out=nflat[off:off + n])
+
+
+def gather_dense_grad_(w_grad: torch.Tensor, grad: torch.Tensor, dense: DenseNetwork) -> None:
+    """Gradient of the trained entries from the narrow network's: d(w / s)/dw = 1 / s on the scaled segments."""
+    w_grad.copy_(grad)
+    for off, n, s in dense.scaled:
+        torch.div(grad[off:off + n], s, out=w_grad[off:off + n])
+
+
 def local_train(
     model: nn.Module,
     flat: torch.Tensor,
@@ -130,14 +163,33 @@ def local_train(
 
     step.step_correction (e.g. SCAFFOLD's c - c_i): after every optimizer step the parameters also
     move by -lr * step_correction, i.e. the correction is added to the step's direction.
+
+    step.dense (a structured sub-model, methods/base.DenseNetwork): the entries it names are gathered
+    from `start`, trained as the narrow network's own flat buffer (mask, proximal term, correction, probe,
+    clipping and Adam all at its size) and scattered back into a copy of `start`; every other entry is
+    the start's. `flat` is not written.
     """
     t0 = time.perf_counter()
-    net = step.network if step.network is not None else model
     mask, prox_mu, step_correction = step.mask, step.proximal_mu, step.step_correction
     batch_size, lr, grad_clip, amp = settings.batch_size, settings.lr, settings.grad_clip, settings.amp
-    flat.copy_(start)
-    grad, params = flat_grad_(net, flat)  # p.grad are views of grad
-    opt = make_optimizer([flat], lr)  # Adam is elementwise: one flat tensor == every parameter tensor
+    dense = step.dense
+    if dense is None:  # the network's parameters are views of `flat`: Adam trains `flat` itself
+        net = step.network if step.network is not None else model
+        flat.copy_(start)
+        grad, params = flat_grad_(net, flat)  # p.grad are views of grad
+        w, w_start, w_grad = flat, start, grad
+    else:  # a structured sub-model: train its own entries at its own size (methods/base.DenseNetwork)
+        net, nflat = dense_network(dense, flat.device)
+        grad, params = flat_grad_(net, nflat)
+        w = start.index_select(0, dense.index)  # the trained entries, in the global parameterization
+        w_start = w.clone()
+        w_grad = torch.zeros_like(w)
+        w.grad = w_grad
+        mask = mask.index_select(0, dense.index) if mask is not None else None
+        mask = None if mask is None or bool(mask.all()) else mask
+        if step_correction is not None:
+            step_correction = step_correction.index_select(0, dense.index)
+    opt = make_optimizer([w], lr)  # Adam is elementwise: one flat tensor == every parameter tensor
     probe = min(settings.probe_steps, steps)
     probe = probe if probe >= 2 else 0  # a variance needs two gradients (a 1-step straggler has one)
     g_sum = g_sq = None
@@ -146,34 +198,42 @@ def local_train(
         x0 = draw_batch(images, indices, batch_size, gen)
         if settings.channels_last:
             x0 = x0.contiguous(memory_format=torch.channels_last)
+        if dense is not None:
+            load_dense_(nflat, w, dense)
         with autocast(flat.device, amp):
             loss = objective.loss(net, x0, gen)
         grad.zero_()
         loss.backward()
+        if dense is not None:
+            gather_dense_grad_(w_grad, grad, dense)
         if mask is not None:
-            grad.mul_(mask)
+            w_grad.mul_(mask)
         if s < probe:
-            g = grad.double()
+            g = w_grad.double()
             g_sum = g.clone() if g_sum is None else g_sum.add_(g)
             g_sq = g.square().sum() if g_sq is None else g_sq + g.square().sum()
         if prox_mu > 0:
             # grad of mu/2 ||w - w_global||^2 is mu (w - w_global) (FedProx, Li et al. 2020, eq. 2)
-            grad.add_(flat - start, alpha=prox_mu)
+            w_grad.add_(w - w_start, alpha=prox_mu)
             if mask is not None:
-                grad.mul_(mask)
+                w_grad.mul_(mask)
         if grad_clip > 0:
-            clip_rows_(grad, grad_clip)
+            clip_rows_(w_grad, grad_clip)
         opt.step()
         if step_correction is not None:
-            flat.sub_(step_correction, alpha=lr)
+            w.sub_(step_correction, alpha=lr)
         total += loss.detach()
     for p in params:  # no dangling views of this client's gradient buffer
         p.grad = None
     flat.grad = None
+    w.grad = None
     sigma1 = None
     if probe:
         sigma1 = float((g_sq - g_sum.square().sum() / probe) / (probe - 1))
-    params = flat.detach().clone()
+    if dense is None:
+        params = flat.detach().clone()
+    else:  # scattered back once: every other entry is the start's (the masked path leaves them untouched too)
+        params = start.detach().clone().index_copy_(0, dense.index, w.detach())
     if params.device.type == "cuda":
         torch.cuda.synchronize(params.device)  # the measured time is the work's, not the queue's
     return LocalResult(params=params, loss=float(total) / steps, sigma1_sq=sigma1, seconds=time.perf_counter() - t0)
