@@ -45,7 +45,8 @@ an edge selection policy, and distributed structured pruning of the diffusion UN
    m * ceil((1 - ratio) c0) of m c0: torch_pruning keeps C - floor(ratio C), the same for small28 at 0.2),
    so the clients then train a really smaller dense network: the narrow UNet through HeteroFL's
    `SubModel` (methods/heterofl.py: functional_call with the kept slices of the global parameters, no
-   Scaler: pruning does not rescale), its GroupNorms with gcd(8, c') groups. The authors' scripts prune
+   Scaler: pruning does not rescale; trained in its `DenseNetwork` form, at its own size), its GroupNorms
+   with gcd(8, c') groups. The authors' scripts prune
    the initial model (`--train_scratch`); `prune_round = R` trains the full model for R cloud rounds
    first, then prunes it once, on the server, by the same criterion (their other mode trains those
    rounds with a sparsity regularizer, see below). Pruned entries stay in the flat vector, never trained
