@@ -53,9 +53,9 @@ def fmt_metric(row: pd.Series, metric: str, group_n: int) -> str:
 
 
 def rank_text(row: Mapping[str, Any]) -> str:
-    """"2 (1–4)": the point rank and, in brackets, the ranks the setting takes over seed resamples
-    (verdicts.py; none with one seed). A page re-rendered from an older leaderboard.csv writes its
-    shared ranks as it did ("1=")."""
+    """"2 (1–4)": the point rank and, in brackets, the ranks the paired contrasts leave it (verdicts.py:
+    1 + the settings significantly better, to the settings not significantly worse; none with one seed).
+    A page re-rendered from an older leaderboard.csv writes its shared ranks as it did ("1=")."""
     if pd.isna(row.get("rank")):
         return ""
     text = str(int(row["rank"]))
@@ -106,14 +106,21 @@ def interval_sentence(block: pd.DataFrame, primary: str | None, verdicts: bool =
                  "them are inside the uncertainty. Two settings whose intervals overlap can still rank apart when a "
                  "third is clearly better than one of them only.")
     elif primary:
-        text += (f" Rank: the order of the {primary} scores (a geometric mean over seeds for a positive metric), "
-                 "settings not shown better than the untrained model last; in brackets the ranks a setting takes "
-                 "over 2,000 resamples of the seeds (2.5–97.5 %, all settings resampled together, so the pairing "
-                 "by seed is kept). Paired column: each setting against the reference on the seeds they share "
+        seeds = pd.to_numeric(block.get("rank_seeds", pd.Series(dtype=float)), errors="coerce").dropna()
+        over = ("over the seeds every setting ran" if seeds.empty else
+                "over each setting's own seeds (the settings share no seed)" if seeds.iloc[0] == 0 else
+                f"over the {int(seeds.iloc[0])} seed{'s' if seeds.iloc[0] != 1 else ''} every setting ran")
+        text += (f" Rank: the order of the {primary} means {over} (a geometric mean for a positive metric), "
+                 "settings not shown better than the untrained model last; in brackets the ranks the paired "
+                 "evidence leaves it: 1 + the settings significantly better, to the settings not significantly "
+                 "worse (paired t-tests over the seeds each two share, Holm-corrected over all pairs of the block: "
+                 "the brackets hold jointly at 95 %, conservative with few seeds). Paired column: each setting "
+                 "against the reference on the seeds they share "
                  "(same partition, initial model and noises): the ratio of scores (or the difference, for a metric "
                  "that can be 0) with its 95 % paired t-interval; better / worse when the Holm-corrected paired "
                  "t-test rejects no difference, equivalent when the Holm-corrected two one-sided tests put it "
-                 "inside the margin, else inconclusive, with the seeds that would decide it at power 0.8. "
+                 "inside the margin, undecidable when the difference is the same at every seed (no spread to "
+                 "test), else inconclusive, with the seeds that would decide it at power 0.8. "
                  "Collapsed: seeds whose score lies nearer the untrained model's than the reference's.")
     return text
 

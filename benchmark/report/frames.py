@@ -472,7 +472,8 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
 def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.DataFrame | None = None, *,
                        reference: str | None = None, margin: float = verdicts.MARGIN) -> pd.DataFrame:
     """Per dataset/partition block: primary metric, paired verdicts against `reference` (None: the reference
-    method), ranks with their bootstrap intervals (verdicts.block_verdicts) and the uplink ratio vs the
+    method), ranks over the seeds the settings share with intervals from the paired contrasts
+    (verdicts.block_verdicts) and the uplink ratio vs the
     reference method (`names.reference_method`, FedAvg)."""
     plain = reference_method()
     reference = plain if reference is None else reference
@@ -513,7 +514,7 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
                 per_upload = float((ref["uplink_mb_mean"] / ref["uploads_mean"]).mean())
                 table.loc[idx, "compression_ratio"] = per_upload / (row["uplink_mb_mean"] / row["uploads_mean"])
                 table.loc[idx, "compression_ref"] = "per upload"
-    for col in ("rank", "rank_low", "rank_high", "estimate", "estimate_low", "estimate_high", "p", "p_holm",
+    for col in ("rank", "rank_low", "rank_high", "rank_seeds", "estimate", "estimate_low", "estimate_high", "p", "p_holm",
                 "p_equivalence", "p_equivalence_holm", "margin", "wins", "p_untrained_holm", "collapsed", "collapse_seeds",
                 "paired_seeds", "seeds_to_decide"):
         table[col] = pd.to_numeric(table[col], errors="coerce")

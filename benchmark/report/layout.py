@@ -181,7 +181,7 @@ def verdict_text(row: Mapping[str, Any]) -> str:
             value += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]" if ratio else f" [{low:+.3g}, {high:+.3g}]"
     if one_seed(row):
         return f"{value} (1 seed: not tested)".strip()
-    text = f"{verdict} {value}".strip()
+    text = f"{'undecidable (no spread)' if verdict == 'undecidable' else verdict} {value}".strip()
     if not math.isnan(n) and n != to_float(row.get("n")):
         text += f", {int(n)} paired seed{'s' if n != 1 else ''}"
     if verdict == "inconclusive":
@@ -270,17 +270,19 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
     if "rank_low" not in block or "verdict" not in block:  # a leaderboard.csv from before the verdicts: its own rule
         return _headline_before_verdicts(block, primary, labels, score)
     if low == 1 and high == 1:
-        text = f"**{name}** ranks first: {score}; first in at least 97.5 % of seed resamples."
+        text = (f"**{name}** ranks first: {score}; significantly better than every other setting, paired over "
+                "the seeds each two share.")
     elif math.isnan(low):
         text = (f"**{name}** has the best {score}. With one seed per setting no rank is settled: the ranks are "
                 "the order of single runs.")
     else:
         also = [labels[i] for i, r in ranked.iloc[1:].iterrows() if to_float(r.get("rank_low")) == 1]
-        text = (f"**{name}** has the best {score}, but first place is not settled: it ranks {int(low)}–{int(high)} "
-                "across seed resamples" + (f", and {_join(also)} can rank first too." if also else "."))
+        text = (f"**{name}** has the best {score}, but first place is not settled: the paired evidence leaves it "
+                f"ranks {int(low)}–{int(high)}" + (f", and {_join(also)} can rank first too." if also else "."))
     verdict = block["verdict"].astype(str)
     untested = block.apply(one_seed, axis=1).astype(bool) if len(block) else verdict.eq("")
-    counts = {v: int(((verdict == v) & ~untested).sum()) for v in ("better", "worse", "equivalent", "inconclusive", "unpaired")}
+    counts = {v: int(((verdict == v) & ~untested).sum())
+              for v in ("better", "worse", "equivalent", "inconclusive", "undecidable", "unpaired")}
     counts["not tested (one seed: no spread to test)"] = int(untested.sum())
     if sum(counts.values()):
         margin = to_float(block["margin"].dropna().iloc[0]) if block["margin"].notna().any() else math.nan
@@ -378,7 +380,7 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         return _Column(header, [cell(r) for _, r in rows], [key(r) for _, r in rows], numeric)
 
     verdicts_shown = primary is not None and "verdict" in block and block["verdict"].astype(str).isin(
-        ["better", "worse", "equivalent", "inconclusive", "unpaired"]).any()
+        ["better", "worse", "equivalent", "inconclusive", "undecidable", "unpaired"]).any()
     flags_shown = primary is not None and block.apply(lambda r: bool(flags_text(r)), axis=1).any()
     reference_label = _reference_label(block, labels)
 
@@ -437,7 +439,11 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         scale = "ratio" if primary and metric_table.scale(primary) == "log" else "difference"
         legend.append(f"vs {reference_label}: the {scale} of the {primary} scores on the seeds both ran [95% paired interval]; "
                       "better / worse / equivalent" + (f" (within ±{margin:.0%})" if not math.isnan(margin) else "")
-                      + " by Holm-corrected paired tests, else inconclusive; one seed: not tested (no spread to test).")
+                      + " by Holm-corrected paired tests, else inconclusive; undecidable (no spread): the same "
+                      "difference at every seed, e.g. a score at its bound; one seed: not tested (no spread to test).")
+    if primary and _own_seeds_differ(block):
+        legend.append(f"{_arrow(primary)}: each setting's own mean over its own seeds (the seeds column); the rank "
+                      "and the paired column compare settings only on the seeds they share.")
     if primary:
         legend += flag_legend(block, primary, reference_label)
     if any(c.header == f"uplink vs {plain}" for c in fits):
@@ -484,6 +490,15 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
         shared=shared, mosaic=name if name in images else None,
         runs=[(labels[i], links) for i, r in rows if (links := _run_links(r, meta.runs_dir))],
     )
+
+
+def _own_seeds_differ(block: pd.DataFrame) -> bool:
+    """Whether the block's trained settings ran different seeds (then a mean over a setting's own seeds is
+    not what the comparisons use, and the page says so)."""
+    if "seeds" not in block:
+        return False
+    trained = block[~block.apply(_is_baseline, axis=1)] if len(block) else block
+    return trained["seeds"].astype(str).nunique() > 1
 
 
 def _references(block: pd.DataFrame) -> pd.Series:
@@ -576,8 +591,8 @@ def _metric_table(title: str, block: pd.DataFrame, labels: Mapping[int, str], me
         rank, rank_key = _rank_cell(row)
         rows.append([rank, labels[idx], *[_mean_std(row, m) for m in metrics]])
         keys.append([rank_key, labels[idx], *[_metric_key(row, m) for m in metrics]])
-    return Table(title, headers, rows, keys, note="mean ± std over seeds (one seed: ± its standard error where the "
-                 "metric has one); rank: the main table's. The intervals are in leaderboard.csv.",
+    return Table(title, headers, rows, keys, note="mean ± std over each setting's own seeds (one seed: ± its standard "
+                 "error where the metric has one); rank: the main table's. The intervals are in leaderboard.csv.",
                  numeric=[True, False, *[True] * len(metrics)])
 
 

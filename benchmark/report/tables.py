@@ -37,8 +37,8 @@ def failure_rows(failures: Sequence[RunFailure], root: Path) -> list[list[str]]:
 
 
 
-CSV_LEAD = ["dataset", "partition", "method", "params", "setting", "baseline", "rank", "rank_low", "rank_high", "primary_metric", "n",
-            "seeds"]
+CSV_LEAD = ["dataset", "partition", "method", "params", "setting", "baseline", "rank", "rank_low", "rank_high", "rank_seeds",
+            "primary_metric", "n", "seeds"]
 # the paired verdicts of each setting against the block's reference (benchmark/report/verdicts.py)
 VERDICT_COLS = ["reference", "verdict", "estimate", "estimate_low", "estimate_high", "paired_seeds", "wins", "p", "p_holm",
                 "p_equivalence", "p_equivalence_holm", "margin", "seeds_to_decide", "verdict_note", "floor",
@@ -60,7 +60,7 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     cfg_cols = sorted(c for c in table.columns if c.startswith("cfg."))
     cols = CSV_LEAD + VERDICT_COLS + param_cols + metric_cols + cost_cols + cfg_cols + ["run_ids"]
     out = table[[c for c in cols if c in table.columns]].copy()
-    for col in ("rank", "rank_low", "rank_high", "paired_seeds", "seeds_to_decide", "wins", "collapsed", "collapse_seeds"):
+    for col in ("rank", "rank_low", "rank_high", "rank_seeds", "paired_seeds", "seeds_to_decide", "wins", "collapsed", "collapse_seeds"):
         if col in out:
             out[col] = pd.to_numeric(out[col], errors="coerce").astype("Int64")
     out.to_csv(path, index=False)

@@ -13,6 +13,10 @@ statistic here works on those per-seed differences:
   one-sided tests (statsmodels' ``ttost_paired``) put the ratio inside ``1 +- margin`` (or the
   difference inside ``+- margin x |reference mean|``), else *inconclusive*. Both families of p-values
   are Holm-corrected (statsmodels' ``multipletests``) over the block's comparisons. Level 0.05.
+  Differences that are the same at every seed (e.g. an attack AUC of 1.000 for both settings at
+  every seed) have no spread to test: *undecidable* (no spread), never equivalent by rule; only two
+  settings that agree exactly at every seed while their scores vary over seeds (the same
+  computation) are equivalent without a test.
 - **interval**: the 95 % paired Student-t interval of the mean difference (a ratio interval on the
   log scale). Not a percentile bootstrap: with 3 seeds that interval lies within the range of the
   three differences, which misses the true mean of a symmetric spread one time in four (all three
@@ -22,11 +26,18 @@ statistic here works on those per-seed differences:
   sampling intervals must be disjoint.
 - **collapse**: a seed whose score lies nearer (on the metric's scale) to the untrained model's at
   that seed than to the reference's has collapsed; a setting is flagged with how many did.
-- **rank interval**: the ranks a setting takes when the seeds are resampled with replacement
-  (jointly for all settings: the pairing is kept), 2.5 % and 97.5 % quantiles of 2,000 resamples
-  from a fixed generator, as rliable (Agarwal et al., NeurIPS 2021) does for runs. The point rank
-  orders the settings by their mean on the metric's scale (a geometric mean on the log scale),
-  floor-marked settings last.
+- **rank**: the settings ordered by their mean on the metric's scale (a geometric mean on the log
+  scale) over the seeds every ranked setting of the block ran (``rank_seeds`` of them; a block whose
+  settings share no seed falls back to each setting's own seeds, ``rank_seeds`` 0), floor-marked
+  settings last. Equal means share the better rank.
+- **rank interval**: from the paired contrasts, not from resampling seeds: for every pair of ranked
+  settings the paired t-test over the seeds the two share (at least 2), Holm-corrected over all the
+  block's pairs; setting i's interval is [1 + the settings significantly better than i, the settings
+  not significantly worse than i (i counted)], floor-marked settings after the others. When every
+  Holm-significant order holds (probability >= 95 %), every true rank lies in its interval, so the
+  intervals hold jointly at 95 % whatever the number of seeds; a bootstrap of 3 seeds showed "1 (1-1)"
+  one time in eight under a true tie. Conservative: a setting with fewer than 2 seeds shared with
+  another is never shown apart from it.
 - **seeds to decide**: for an inconclusive contrast, the fewest seeds at which, with the observed
   mean and spread of the differences taken as true, a verdict (better/worse, or equivalent) would
   come with probability 0.8 at the block's strictest Holm level (alpha / m).
@@ -36,6 +47,7 @@ Pure numpy/scipy/statsmodels: no torch, so the reporter imports it cheaply.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,13 +58,13 @@ import numpy as np
 ALPHA = 0.05
 MARGIN = 0.10  # the equivalence margin when a study declares none: +- 10 % of the reference
 POWER = 0.8
-RESAMPLES = 2000
-RANK_SEED = 0  # the rank intervals' generator: a report is the same every time it is written
 MAX_SEEDS = 1000  # seeds_to_decide searches up to here; beyond it the contrast is called out of reach
 
 Scale = Literal["log", "difference"]
 Verdict = Literal["better", "worse", "equivalent", "inconclusive"]
-VERDICTS: tuple[str, ...] = ("better", "worse", "equivalent", "inconclusive")
+VERDICTS: tuple[str, ...] = ("better", "worse", "equivalent", "inconclusive", "undecidable")
+NO_SPREAD = ("no spread: the difference is the same at every seed (e.g. a score at its bound for both), "
+             "so no test applies")
 
 
 # -- the statistics, each on a fixed array (tests/unit/test_verdicts.py checks them against scipy / statsmodels) --
@@ -88,8 +100,8 @@ class PairedT:
 
 def paired_t(d: Sequence[float] | np.ndarray, alpha: float = ALPHA) -> PairedT:
     """Student-t on the per-seed differences (scipy.stats.ttest_1samp against 0). One pair: no spread,
-    so NaN interval and p. Identical differences (sd 0): the interval is the point, p is 0 unless the
-    mean is 0 (then 1): the runs agree exactly, as bitwise-equal settings do."""
+    so NaN interval and p. Identical differences (sd 0): no spread either, so no interval; p is 1 when
+    they are all 0 (nothing to reject), else NaN (a t-test of no spread is not a test: `undecidable`)."""
     from scipy import stats
 
     x = np.asarray(d, dtype=np.float64)
@@ -101,7 +113,7 @@ def paired_t(d: Sequence[float] | np.ndarray, alpha: float = ALPHA) -> PairedT:
         return PairedT(mean, math.nan, math.nan, math.nan, math.nan, 1)
     sd = float(x.std(ddof=1))
     if no_spread(sd, mean):
-        return PairedT(mean, mean, mean, 1.0 if abs(mean) <= 1e-12 else 0.0, 0.0, n)
+        return PairedT(mean, math.nan, math.nan, 1.0 if abs(mean) <= 1e-12 else math.nan, 0.0, n)
     res = stats.ttest_1samp(x, 0.0)
     ci = res.confidence_interval(1 - alpha)
     return PairedT(mean, float(ci.low), float(ci.high), float(res.pvalue), sd, n)
@@ -111,6 +123,23 @@ def no_spread(sd: float, mean: float) -> bool:
     """Identical differences up to float rounding (a ratio of exactly 0.5 at every seed gives log
     differences equal to the last bit): no spread to test, as scipy warns it cannot tell."""
     return sd <= 1e-12 * max(1.0, abs(mean))
+
+
+def identical(x: Sequence[float] | np.ndarray, reference: Sequence[float] | np.ndarray) -> bool:
+    """The two settings agree exactly at every seed (>= 2) while their scores vary over seeds: the same
+    computation (e.g. keep ratio 1 and FedAvg, bitwise), equivalent without a test. Equal scores that do
+    not vary (an attack AUC of 1 at every seed for both) are a metric at its bound, not this."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    return a.size >= 2 and bool(np.array_equal(a, b)) and float(np.ptp(a)) > 0
+
+
+def spread_problem(x: Sequence[float] | np.ndarray, reference: Sequence[float] | np.ndarray) -> str | None:
+    """`NO_SPREAD` when the paired differences (>= 2) are the same at every seed and the settings are not
+    `identical`: the contrast is undecidable, whatever its p-values would say; else None."""
+    d = np.asarray(x, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
+    if d.size < 2 or identical(x, reference):
+        return None
+    return NO_SPREAD if no_spread(float(d.std(ddof=1)), float(d.mean())) else None
 
 
 def equivalence_bounds(scale: Scale, margin: float, reference_mean: float) -> tuple[float, float]:
@@ -127,15 +156,18 @@ def equivalence_bounds(scale: Scale, margin: float, reference_mean: float) -> tu
 def tost_p(x: Sequence[float], reference: Sequence[float], bounds: tuple[float, float]) -> float:
     """p-value of the paired two one-sided tests that mean(x - reference) lies inside `bounds`
     (x and reference already on the comparison scale): statsmodels' ``ttost_paired``. NaN with fewer
-    than 2 pairs; with identical differences, 0 inside the bounds and 1 outside."""
+    than 2 pairs and with differences of no spread (`spread_problem`: no test, never equivalent by
+    rule), except for `identical` settings: 0 (inside any bounds)."""
     from statsmodels.stats.weightstats import ttost_paired
 
     a, b = np.asarray(x, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     d = a - b
     if d.size < 2:
         return math.nan
+    if identical(a, b):
+        return 0.0
     if no_spread(float(d.std(ddof=1)), float(d.mean())):
-        return 0.0 if bounds[0] < float(d.mean()) < bounds[1] else 1.0
+        return math.nan
     return float(ttost_paired(a, b, bounds[0], bounds[1])[0])
 
 
@@ -147,7 +179,9 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     p = np.asarray(pvalues, dtype=np.float64)
     out = np.full(p.shape, math.nan)
     ok = np.isfinite(p)
-    if ok.any():
+    if ok.sum() == 1:  # a family of one is its own adjustment (multipletests runs gc.collect on every call)
+        out[ok] = p[ok]
+    elif ok.any():
         out[ok] = multipletests(p[ok], alpha=ALPHA, method="holm")[1]
     return out.tolist()
 
@@ -232,52 +266,54 @@ def verdict(p_holm: float, p_equivalence_holm: float, mean: float, *, lower_bett
     return "inconclusive"
 
 
-def bootstrap_draws(n_seeds: int, resamples: int = RESAMPLES, seed: int = RANK_SEED) -> np.ndarray:
-    """(resamples, n_seeds) seed indices drawn with replacement from a fixed generator."""
-    return np.random.default_rng(seed).integers(0, n_seeds, size=(resamples, n_seeds))
+def point_ranks(values: Mapping[str, Mapping[Any, float]], *, lower_better: bool = True,
+                last: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, int], int]:
+    """(setting -> its rank, 1 = best; the number of seeds the ranks compare). `values`: setting -> {seed:
+    value on the comparison scale}. The ranks order the means over the seeds every setting has, so no
+    setting is compared on seeds another lacks; without a seed they all share, each setting's own mean
+    (and 0 seeds). Settings in `last` rank after all the others (the floor rule); equal means share the
+    better rank."""
+    sign = 1.0 if lower_better else -1.0
+    common = set.intersection(*(set(v) for v in values.values())) if values else set()
+    mean = {k: float(np.mean([v[s] for s in common] if common else list(v.values()))) for k, v in values.items()}
+    key = {k: (k in last, sign * m) for k, m in mean.items()}
+    return {k: 1 + sum(1 for j in values if key[j] < key[k]) for k in values}, len(common)
 
 
-def rank_distribution(values: Mapping[str, Mapping[Any, float]], draws: np.ndarray, *, lower_better: bool = True,
-                      last: frozenset[str] | set[str] = frozenset()) -> dict[str, np.ndarray]:
-    """setting -> its rank (1 = best) in each resample. `values`: setting -> {seed: value on the comparison
-    scale}; `draws`: (resamples, len(union of seeds)) indices into the sorted union of seeds, one row a
-    resample shared by all settings (the pairing is kept). A setting's estimate in a resample is its mean over
-    the drawn seeds it has (with multiplicity); if it has none of them, over its own seeds drawn with the same
-    row's first positions. Settings in `last` rank after all the others (the floor rule). Equal estimates
-    share the better rank."""
-    names = list(values)
-    seeds = sorted({s for v in values.values() for s in v}, key=lambda s: (str(type(s)), s))
-    index = {s: i for i, s in enumerate(seeds)}
-    u = len(seeds)
-    if draws.ndim != 2 or draws.shape[1] != u:
-        raise ValueError(f"draws must have one column per seed of the union ({u}), got shape {draws.shape}")
-    counts = np.zeros((draws.shape[0], u))
-    for j in range(u):
-        counts[:, j] = (draws == j).sum(axis=1)
-    est = np.empty((draws.shape[0], len(names)))
-    for k, name in enumerate(names):
-        v = np.zeros(u)
-        have = np.zeros(u)
-        for s, x in values[name].items():
-            v[index[s]], have[index[s]] = x, 1.0
-        num, den = counts @ (v * have), counts @ have
-        est[:, k] = np.divide(num, den, out=np.full(draws.shape[0], math.nan), where=den > 0)
-        missing = np.flatnonzero(den == 0)
-        if len(missing):
-            own = np.array(list(values[name].values()), dtype=np.float64)
-            for b in missing:  # none of its seeds drawn: its own seeds, drawn from this row's first positions
-                est[b, k] = own[draws[b, : len(own)] % len(own)].mean()
-    key = est if lower_better else -est
-    key = key + np.array([1e12 if name in last else 0.0 for name in names])
-    # rank = 1 + the number of settings strictly better in that resample
-    ranks = 1 + (key[:, None, :] < key[:, :, None]).sum(axis=2)
-    return {name: ranks[:, k] for k, name in enumerate(names)}
-
-
-def rank_interval(ranks: np.ndarray, level: float = 0.95) -> tuple[int, int]:
-    """The (1 - level)/2 and (1 + level)/2 quantiles of a setting's bootstrap ranks, as ranks it takes."""
-    return (int(np.quantile(ranks, (1 - level) / 2, method="lower")),
-            int(np.quantile(ranks, (1 + level) / 2, method="higher")))
+def rank_intervals(values: Mapping[str, Mapping[Any, float]], *, lower_better: bool = True,
+                   last: frozenset[str] | set[str] = frozenset(), alpha: float = ALPHA) -> dict[str, tuple[int, int]]:
+    """setting -> (lowest, highest) rank it can take given the paired evidence. `values` as in `point_ranks`.
+    Every pair of settings on the same side of the floor rule (`last`) sharing >= 2 seeds is tested by the
+    paired t-test over those seeds (`paired_t`), Holm-corrected over all the pairs tested; setting i's
+    interval is [1 + the settings significantly better than i, the settings not significantly worse than
+    i, i counted], the `last` settings after the others. A pair without a test (under 2 shared seeds, no
+    spread) counts as not significant either way, which widens both intervals."""
+    sign = 1.0 if lower_better else -1.0
+    groups = [[k for k in values if k not in last], [k for k in values if k in last]]
+    pairs: list[tuple[str, str, float]] = []
+    pvalues: list[float] = []
+    for group in groups:
+        for a, b in itertools.combinations(group, 2):
+            seeds = [s for s in values[a] if s in values[b]]
+            if len(seeds) < 2:
+                continue
+            t = paired_t([values[a][s] - values[b][s] for s in seeds], alpha)
+            pairs.append((a, b, t.mean))
+            pvalues.append(t.p)
+    beaten_by: dict[str, int] = {k: 0 for k in values}  # settings significantly better than k
+    beats: dict[str, int] = {k: 0 for k in values}  # settings significantly worse than k
+    for (a, b, mean), p in zip(pairs, holm(pvalues)):
+        if math.isfinite(p) and p < alpha:
+            win, lose = (a, b) if sign * mean < 0 else (b, a)
+            beats[win] += 1
+            beaten_by[lose] += 1
+    out: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for group in groups:
+        for k in group:
+            out[k] = (offset + 1 + beaten_by[k], offset + len(group) - beats[k])
+        offset += len(group)
+    return out
 
 
 def collapsed(value: float, untrained: float, reference: float) -> bool:
@@ -371,7 +407,7 @@ def untrained_of(s: Setting, floors: Sequence[Setting]) -> Setting:
 
 
 def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: bool, margin: float = MARGIN,
-                   alpha: float = ALPHA, resamples: int = RESAMPLES) -> dict[str, dict[str, Any]]:
+                   alpha: float = ALPHA) -> dict[str, dict[str, Any]]:
     """group_key -> the verdict columns of that setting (see `COLUMNS`) for one block of a leaderboard.
 
     The reference of a setting is the reference setting (``is_reference``) of the same budget, else the
@@ -388,7 +424,7 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     reference_of = references(contenders)
 
     # -- against the reference ------------------------------------------------------------------------
-    tests: list[tuple[Setting, Setting, list[Any], PairedT, float, tuple[float, float]]] = []
+    tests: list[tuple[Setting, str | None, list[Any], PairedT, float, tuple[float, float]]] = []
     for s in contenders:
         row = out[s.key]
         ref = reference_of.get(s.key)
@@ -414,15 +450,17 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
         row.update(paired_seeds=len(seeds), estimate=back(t.mean, scale), estimate_low=back(t.low, scale),
                    estimate_high=back(t.high, scale), p=t.p, p_equivalence=tost_p(x, r, bounds),
                    wins=int(np.sum(sign * (x - r) < 0)), margin=margin)
-        tests.append((s, ref, seeds, t, row["p_equivalence"], bounds))
+        tests.append((s, spread_problem(x, r), seeds, t, row["p_equivalence"], bounds))
     p_diff = holm([t.p for _, _, _, t, _, _ in tests])
     p_eq = holm([pe for _, _, _, _, pe, _ in tests])
     m = max(1, sum(1 for _, _, _, t, _, _ in tests if math.isfinite(t.p)))
-    for (s, _, seeds, t, _, bounds), pd_, pe in zip(tests, p_diff, p_eq):
+    for (s, flat, seeds, t, _, bounds), pd_, pe in zip(tests, p_diff, p_eq):
         row = out[s.key]
         row["p_holm"], row["p_equivalence_holm"] = pd_, pe
         row["verdict"] = verdict(pd_, pe, t.mean, lower_better=lower_better, alpha=alpha)
-        if row["verdict"] == "inconclusive":
+        if flat:  # the same difference at every seed: no test, whatever a rule would say
+            row["verdict"], row["verdict_note"] = "undecidable", flat
+        elif row["verdict"] == "inconclusive":
             if len(seeds) < 2:
                 row["verdict_note"] = "one paired seed: no spread to test"
             else:
@@ -472,16 +510,13 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     # -- ranks ----------------------------------------------------------------------------------------------
     values = {s.key: dict(zip(s.values, transform(list(s.values.values()), scale))) for s in contenders}
     last = {s.key for s in contenders if out[s.key]["floor"]}
-    point = {k: float(np.mean(list(v.values()))) for k, v in values.items()}
-    order = sorted(values, key=lambda k: (k in last, sign * point[k]))
-    for i, k in enumerate(order):
-        out[k]["rank"] = 1 + sum(1 for j in order[:i] if (j in last, sign * point[j]) < (k in last, sign * point[k]))
-    union = sorted({q for v in values.values() for q in v}, key=lambda q: (str(type(q)), q))
-    if len(union) >= 2:
-        dist = rank_distribution(values, bootstrap_draws(len(union), resamples), lower_better=lower_better, last=last)
-        for k, ranks in dist.items():
-            if len(values[k]) >= 2:
-                out[k]["rank_low"], out[k]["rank_high"] = rank_interval(ranks)
+    ranks, common = point_ranks(values, lower_better=lower_better, last=last)
+    intervals = rank_intervals(values, lower_better=lower_better, last=last, alpha=alpha)
+    for k, rank in ranks.items():
+        out[k]["rank"], out[k]["rank_seeds"] = rank, common
+        if len(values[k]) >= 2:  # the interval holds the point rank (it can lie outside only without shared seeds)
+            low, high = intervals[k]
+            out[k]["rank_low"], out[k]["rank_high"] = min(low, rank), max(high, rank)
     return out
 
 
@@ -491,6 +526,7 @@ COLUMNS: dict[str, Any] = {
     "p_equivalence": math.nan, "p_equivalence_holm": math.nan, "margin": math.nan, "wins": math.nan,
     "seeds_to_decide": None, "floor": False, "floor_note": "", "p_untrained_holm": math.nan,
     "collapsed": math.nan, "collapse_seeds": math.nan, "rank": math.nan, "rank_low": math.nan, "rank_high": math.nan,
+    "rank_seeds": math.nan,
 }
 
 

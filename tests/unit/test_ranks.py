@@ -1,5 +1,5 @@
 """Honest ranks on constructed run folders: the order of the scores (geometric means over seeds),
-with the ranks each setting takes over seed resamples in brackets, paired verdicts against FedAvg,
+with the ranks the paired contrasts leave each setting in brackets, paired verdicts against FedAvg,
 settings not shown better than the untrained model last; the leaderboard says what the interval
 is; metrics that could not be computed are absent with a note, never zero. The statistics
 themselves are checked against scipy / statsmodels in tests/unit/test_verdicts.py."""
@@ -49,7 +49,8 @@ def test_one_seed_each_orders_single_runs_and_settles_nothing(tmp_path):
     assert "With one seed per setting no rank is settled" in md
     assert "| ×0.989 (1 seed: not tested) |" in md  # 318.1 / 321.7, one pair: no spread, so no test
     assert "inconclusive ×0.989" not in md and "1 not tested (one seed: no spread to test)" in md
-    assert f"Intervals [low, high]: {CI}." in md and "over 2,000 resamples of the seeds" in md
+    assert f"Intervals [low, high]: {CI}." in md and "Holm-corrected over all pairs of the block" in md
+    assert "over the 1 seed every setting ran" in md
     assert "318.1 [305, 331]" in md
     html = (tmp_path / "out" / "leaderboard.html").read_text()
     assert "1 seed: not tested" in html and CI in html
@@ -86,7 +87,8 @@ def test_seeds_give_paired_verdicts_rank_intervals_and_positive_intervals(tmp_pa
     assert fedavg["fd_fmnist_ci_low"] < (10.0 * 10.2 * 9.9) ** (1 / 3) < fedavg["fd_fmnist_ci_high"] < 10.6
     assert (csv["fd_fmnist_ci_low"] > 0).all()  # a distance's interval never reaches 0
     md = (tmp_path / "out" / "leaderboard.md").read_text()
-    assert "first place is not settled: it ranks 1–3" in md
+    assert "first place is not settled: the paired evidence leaves it ranks 1–3" in md
+    assert ranks["fedavg"][1:] == (1, 2) and ranks["fedprox"][1:] == (2, 3)  # fedprox: worse than fedavg at every seed
     assert "Against fedavg, paired by seed (Holm-corrected, equivalent within ±10%): 1 worse, 1 inconclusive." in md
 
 
