@@ -6,9 +6,10 @@ reads the finished runs of a pruning grid (random_prune / topk_prune at several 
 FedAvg, the untrained baseline; `results/paper-fmnist/paper-fmnist.toml`) and writes
 
 - paper_claims.md: the paper's claims C1-C4 checked against those numbers;
-- paper_summary.csv / .md: per (family, keep ratio) the mean over seeds (the metric's: a geometric mean,
-  its interval on the log values, so never below 0) and a 95 % t-interval of
-  the primary metric, the same-noise drift (pixels, classifier features), w^2 and Gamma*;
+- paper_summary.csv / .md: per (family, keep ratio) the mean over its own seeds (the metric's: a geometric
+  mean, its interval on the log values, so never below 0) and a 95 % t-interval of
+  the primary metric, the same-noise drift (pixels, classifier features), w^2 and Gamma*; beside it the
+  metric's geometric mean over the seeds every row ran (`shared_n`), the column to compare rows by;
 - paper_metric_vs_keep.png, paper_drift_vs_keep.png: those means with their intervals;
 - paper_metric_vs_bound.png: every run's metric against its w^2 and its Gamma*;
 - paper_samples.png: the paper's Figure 4-6 layout, one row per keep ratio, one column block per
@@ -28,6 +29,10 @@ the study then uses; a rule is never chosen per run from the score it is judged 
 diffusers-ddpm-cifar10 and issue 53's sub-models (their own FedAvg and random masks among them) on ddpm32.
 
 FedAvg is the keep-1.0 point of both families (keep 1.0 is bitwise FedAvg; tests/unit/test_pruning.py).
+
+Every comparison between settings (the claims' C1 paired differences, C2's order, C3's change against
+FedAvg, C4's sequences, the floor ratios, the summary's shared column) uses only the seeds the compared
+settings all ran, and says how many: rows of 16 seeds beside rows of 3 compare on the 3.
 """
 
 from __future__ import annotations
@@ -191,13 +196,44 @@ def t_interval(values: np.ndarray, level: float = 0.95, *, log: bool = False) ->
     return (mean, interval.low, interval.high) if interval else (mean, math.nan, math.nan)
 
 
+def _cell(study: pd.DataFrame, family: str, keep: float) -> pd.DataFrame:
+    """The runs of one (family, keep) row; keep NaN: the untrained baseline's."""
+    at = study[study["family"] == family]
+    return at[at["keep"].isna()] if isinstance(keep, float) and math.isnan(keep) else at[at["keep"] == keep]
+
+
+def shared_seeds(study: pd.DataFrame, cells: list[tuple[str, float]]) -> list[int]:
+    """The seeds every (family, keep) of `cells` ran, sorted: the only seeds on which they are compared."""
+    sets = [set(_cell(study, f, k)["seed"].astype(int)) for f, k in cells]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
+def mean_on(study: pd.DataFrame, family: str, keep: float, seeds: list[int], col: str = "metric") -> float:
+    """The mean of `col` of one (family, keep) over `seeds` (the metric: its geometric mean); NaN without them."""
+    at = _cell(study, family, keep)
+    values = at[at["seed"].astype(int).isin(seeds)][col].to_numpy(dtype=float)
+    return t_interval(values, log=col == "metric")[0] if len(values) else math.nan
+
+
+def paired_ratio(study: pd.DataFrame, a: tuple[str, float], b: tuple[str, float]) -> tuple[float, int]:
+    """(geometric mean over their shared seeds of metric(a) / metric(b), how many seeds); NaN without one."""
+    seeds = shared_seeds(study, [a, b])
+    if not seeds:
+        return math.nan, 0
+    return mean_on(study, *a, seeds) / mean_on(study, *b, seeds), len(seeds)  # a ratio of geometric means: the paired one
+
+
 def summarize(study: pd.DataFrame) -> pd.DataFrame:
-    """Per (family, keep): n seeds and mean/low/high of every numeric column."""
+    """Per (family, keep): n seeds and mean/low/high of every numeric column over its own seeds; and the
+    metric's geometric mean over the `shared_n` seeds every row ran (`metric_shared`), to compare rows by."""
     out = []
+    cells = [(f, k) for (f, k), _ in study.groupby(["family", "keep"], dropna=False, sort=False)]
+    common = shared_seeds(study, cells)
     for (family, keep), grp in study.groupby(["family", "keep"], dropna=False, sort=False):
         row = {"family": family, "keep": keep, "n": len(grp), "seeds": ";".join(map(str, sorted(grp["seed"])))}
         for col in ("metric", "drift_pixel", "drift_features", "w2", "gamma_star"):
             row[f"{col}_mean"], row[f"{col}_low"], row[f"{col}_high"] = t_interval(grp[col].to_numpy(), log=col == "metric")
+        row["shared_n"], row["metric_shared"] = len(common), mean_on(study, family, keep, common)
         out.append(row)
     table = pd.DataFrame(out)
     order = {"random": 0, "top-k": 1, "untrained": 2}
@@ -218,7 +254,7 @@ def plot_metric_vs_keep(table: pd.DataFrame, metric: str, path: Path) -> Path:
     untrained = table[table["family"] == "untrained"]
     if len(untrained):
         ax.axhline(float(untrained["metric_mean"].iloc[0]), color="gray", ls="--", label="untrained")
-    ax.set(xlabel="keep ratio", ylabel=f"{metric} (lower is better)", title=f"{metric} vs keep ratio\n(geometric mean, 95% t-interval over seeds)")
+    ax.set(xlabel="keep ratio", ylabel=f"{metric} (lower is better)", title=f"{metric} vs keep ratio\n(geometric mean, 95% t-interval over each point's own seeds)")
     ax.set_ylim(bottom=0)
     ax.invert_xaxis()
     ax.legend()
@@ -310,13 +346,18 @@ def write_summary(table: pd.DataFrame, metric: str, out: Path) -> None:
             return "–"
         return f"{mean:.{digits}f}" + (f" [{low:.{digits}f}, {high:.{digits}f}]" if np.isfinite(low) else "")
 
-    lines = [f"| family | keep | n | {metric} | drift (features) | drift (pixels) | w² | Γ* |", "|---|---:|---:|---|---|---|---|---|"]
+    k = int(table["shared_n"].iloc[0]) if len(table) else 0
+    lines = [f"| family | keep | n | {metric} (own seeds) | {metric}, {k} shared seeds | drift (features) | drift (pixels) | w² | Γ* |",
+             "|---|---:|---:|---|---:|---|---|---|---|"]
     for _, r in table.iterrows():
         keep = "–" if not np.isfinite(r["keep"]) else f"{r['keep']:g}"
-        lines.append(f"| {r['family']} | {keep} | {r['n']} | {cell(r, 'metric', 1)} | {cell(r, 'drift_features', 2)} | "
+        shared = f"{r['metric_shared']:.1f}" if np.isfinite(r["metric_shared"]) else "–"
+        lines.append(f"| {r['family']} | {keep} | {r['n']} | {cell(r, 'metric', 1)} | {shared} | {cell(r, 'drift_features', 2)} | "
                      f"{cell(r, 'drift_pixel', 3)} | {cell(r, 'w2', 3)} | {cell(r, 'gamma_star', 2)} |")
-    note = ("Mean over seeds with a 95 % Student-t interval in brackets (the metric: geometric mean, interval on the "
-            "log values). FedAvg is the keep-1.0 row of both "
+    note = ("Mean over each row's own n seeds with a 95 % Student-t interval in brackets (the metric: geometric mean, "
+            "interval on the log values): rows of different n are not compared there. "
+            f"{metric}, {k} shared seeds: the geometric mean over the {k} seeds every row ran, the column to compare "
+            "rows by. FedAvg is the keep-1.0 row of both "
             "families. Drift: mean distance between sample i of the run and sample i of FedAvg (same seed, "
             "same noise), in the Fashion-MNIST classifier's features and in RMS pixels.")
     (out / "paper_summary.md").write_text("\n".join(lines) + "\n\n" + note + "\n")
@@ -325,6 +366,11 @@ def write_summary(table: pd.DataFrame, metric: str, out: Path) -> None:
 def _fmt(row: pd.Series, col: str = "metric", digits: int = 1) -> str:
     mean, low, high = row[f"{col}_mean"], row[f"{col}_low"], row[f"{col}_high"]
     return f"{mean:.{digits}f}" + (f" [{low:.{digits}f}, {high:.{digits}f}]" if np.isfinite(low) else "")
+
+
+def _own(a: pd.Series, b: pd.Series) -> str:
+    """The note that two summary rows are each over their own seeds, where their counts differ."""
+    return "" if int(a["n"]) == int(b["n"]) else f" (each over its own seeds: {int(a['n'])} and {int(b['n'])})"
 
 
 def paired_differences(study: pd.DataFrame, keep: float) -> str:
@@ -356,7 +402,7 @@ def rule_claims(rules: pd.DataFrame) -> list[str]:
         for k in keeps:
             r, t = summary[("random", k, rule)], summary[("top-k", k, rule)]
             paired = paired_differences(sub, k)
-            lines.append(f"  - keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}" + (f"; paired {paired}" if paired else ""))
+            lines.append(f"  - keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}{_own(t, r)}" + (f"; paired {paired}" if paired else ""))
     return lines
 
 
@@ -369,34 +415,44 @@ def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str, rules: pd.Data
     keeps = sorted({k for f, k in get if f != "untrained" and k < 1.0}, reverse=True)
     fams = list(FAMILIES.values())
     lines = [f"Computed by `benchmark/studies/paper_figures.py` from the runs; {metric}, lower is better; geometric mean [95 % t-interval on the log values] over seeds. "
-             "The verdicts (paired by seed, Holm-corrected) are in claims.md; this page gives the numbers behind them."]
+             "The verdicts (paired by seed, Holm-corrected) are in claims.md; this page gives the numbers behind them. "
+             "Every comparison uses only the seeds the compared settings share, and says how many."]
     lines.append("\n**C1: top-k ≥ random at each keep ratio** (a lower distance is better; verdicts in claims.md)")
     for k in keeps:
         r, t = get.get(("random", k)), get.get(("top-k", k))
         if r is None or t is None:
             continue
-        lines.append(f"- keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}")
+        lines.append(f"- keep {k:g}: top-k {_fmt(t)} vs random {_fmt(r)}{_own(t, r)}")
         paired = paired_differences(study, k)
         if paired:
             lines.append(f"  - paired by seed (same partition and initialisation), top-k − random: {paired}")
     lines += rule_claims(rules if rules is not None else pd.DataFrame(columns=RULE_COLUMNS))
-    lines.append("\n**C2: quality falls as keep falls**")
+    lines.append("\n**C2: quality falls as keep falls** (geometric means over the seeds every keep ratio of the family ran)")
     for fam in fams:
-        seq = [(k, get[(fam, k)]["metric_mean"]) for k in [1.0, *keeps] if (fam, k) in get]
+        cells = [(fam, k) for k in [1.0, *keeps] if (fam, k) in get]
+        seeds = shared_seeds(study, cells)
+        if not seeds:
+            lines.append(f"- {fam}: no seed shared by every keep ratio; not compared")
+            continue
+        seq = [(k, mean_on(study, fam, k, seeds)) for _, k in cells]
         mono = all(b >= a for (_, a), (_, b) in zip(seq, seq[1:]))
-        lines.append(f"- {fam}: " + " → ".join(f"{k:g}: {m:.1f}" for k, m in seq) + (" (monotone)" if mono else " (not monotone)"))
-    lines.append("\n**C3: moderate pruning costs little** (relative change of the mean against FedAvg)")
+        lines.append(f"- {fam}, {_seeds(seeds)}: " + " → ".join(f"{k:g}: {m:.1f}" for k, m in seq)
+                     + (" (monotone)" if mono else " (not monotone)"))
+    lines.append("\n**C3: moderate pruning costs little** (change against FedAvg: the ratio of geometric means over the seeds both ran)")
     for fam in fams:
-        dense = get.get((fam, 1.0))
         for k in keeps:
-            if dense is not None and (fam, k) in get:
-                rel = get[(fam, k)]["metric_mean"] / dense["metric_mean"] - 1
-                lines.append(f"- {fam}, keep {k:g}: {rel:+.0%}")
-    lines.append("\n**C4: w² grows and Γ* falls as keep falls, and the metric follows them** (Spearman ρ over runs, FedAvg included)")
+            if (fam, 1.0) in get and (fam, k) in get:
+                ratio, n = paired_ratio(study, (fam, k), (fam, 1.0))
+                if n:
+                    lines.append(f"- {fam}, keep {k:g}: {ratio - 1:+.0%} ({n} paired seed{'s' if n != 1 else ''})")
+    lines.append("\n**C4: w² grows and Γ* falls as keep falls, and the metric follows them** (means over the seeds every "
+                 "keep ratio of the family ran; Spearman ρ over runs, FedAvg included)")
     for fam in fams:
-        seq = [(k, get[(fam, k)]) for k in [1.0, *keeps] if (fam, k) in get]
-        lines.append(f"- {fam}: w² " + " → ".join(f"{r['w2_mean']:.3f}" for _, r in seq)
-                     + "; Γ* " + " → ".join(f"{r['gamma_star_mean']:.2f}" for _, r in seq))
+        cells = [(fam, k) for k in [1.0, *keeps] if (fam, k) in get]
+        seeds = shared_seeds(study, cells)
+        if seeds:
+            lines.append(f"- {fam}, {_seeds(seeds)}: w² " + " → ".join(f"{mean_on(study, *c, seeds, 'w2'):.3f}" for c in cells)
+                         + "; Γ* " + " → ".join(f"{mean_on(study, *c, seeds, 'gamma_star'):.2f}" for c in cells))
         sub = study[study["family"] == fam]
         for col in ("w2", "gamma_star"):
             ok = sub[[col, "metric"]].dropna()
@@ -406,12 +462,19 @@ def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str, rules: pd.Data
     base = table[table["family"] == "untrained"]
     untrained = base.iloc[0] if len(base) else None  # keep is NaN there: not a dict key that matches
     if untrained is not None and ("random", 0.5) in get:
-        ratio = get[("random", 0.5)]["metric_mean"] / untrained["metric_mean"]
-        dense = get.get(("random", 1.0))
-        lines.append(f"\n**Floor**: untrained {_fmt(untrained)}; FedAvg / untrained = "
-                     f"{dense['metric_mean'] / untrained['metric_mean']:.2f}; random keep 0.5 / untrained = {ratio:.2f}."
-                     if dense is not None else f"\n**Floor**: untrained {_fmt(untrained)}; random keep 0.5 / untrained = {ratio:.2f}.")
+        floor = ("untrained", math.nan)
+
+        def over(cell: tuple[str, float], name: str) -> str:
+            ratio, n = paired_ratio(study, cell, floor)
+            return f"{name} / untrained = {ratio:.2f} ({n} paired seed{'s' if n != 1 else ''})"
+
+        parts = ([over(("random", 1.0), "FedAvg")] if ("random", 1.0) in get else []) + [over(("random", 0.5), "random keep 0.5")]
+        lines.append(f"\n**Floor**: untrained {_fmt(untrained)}; " + "; ".join(parts) + ".")
     return lines
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"{len(seeds)} shared seed{'s' if len(seeds) != 1 else ''}"
 
 
 def build(runs_dir: str | Path, out: str | Path, model: str | None = None) -> dict[str, Path]:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -188,3 +189,35 @@ def test_samples_figure_is_left_alone_without_the_runs_samples(study_root, tmp_p
     paths = paper_figures.build(study_root, tmp_path / "out")
     assert isinstance(paths["samples"], str) and "no samples.npz" in paths["samples"]
     assert not (tmp_path / "out" / "paper_samples.png").exists() and paths["metric_vs_keep"].is_file()
+
+
+def _study(rows: list[tuple[str, float, int, float]]) -> pd.DataFrame:
+    """A study frame (paper_figures.study_runs' columns) from (family, keep, seed, metric) rows."""
+    return pd.DataFrame([{"family": f, "keep": k, "seed": s, "metric": m, "w2": 1 - k if k == k else math.nan,
+                          "gamma_star": 1.0, "drift_pixel": 0.0, "drift_features": 0.0, "path": ""} for f, k, s, m in rows])
+
+
+def test_claims_compare_settings_only_on_the_seeds_they_share():
+    # prepare: random keep 0.5 ran 6 seeds (600 on seeds 0-2, 300 on 3-5), keep 0.25 only seeds 0-2 (540):
+    # over their own seeds 0.5 (424) looks better than 0.25, over the 3 seeds both ran it is worse
+    rows = [(fam, 1.0, s, 100.0) for fam in ("random", "top-k") for s in range(6)]
+    rows += [("random", 0.5, s, 600.0 if s < 3 else 300.0) for s in range(6)]
+    rows += [("random", 0.25, s, 540.0) for s in range(3)]
+    rows += [("top-k", 0.5, s, 200.0) for s in range(6)] + [("top-k", 0.25, s, 250.0) for s in range(3)]
+    rows += [("untrained", math.nan, s, 800.0) for s in range(6)]
+    study = _study(rows)
+    # execute
+    table = paper_figures.summarize(study)
+    lines = "\n".join(paper_figures.claims(table, study, "fd_fmnist"))
+    # assert: C2 over the 3 shared seeds says so and is not monotone for random; the summary keeps the own-seed
+    # mean beside the shared one
+    assert "- random, 3 shared seeds: 1: 100.0 → 0.5: 600.0 → 0.25: 540.0 (not monotone)" in lines
+    assert "- top-k, 3 shared seeds: 1: 100.0 → 0.5: 200.0 → 0.25: 250.0 (monotone)" in lines
+    row = table[(table["family"] == "random") & (table["keep"] == 0.5)].iloc[0]
+    assert row["n"] == 6 and row["metric_mean"] == pytest.approx(math.sqrt(600.0 * 300.0))
+    assert row["shared_n"] == 3 and row["metric_shared"] == pytest.approx(600.0)
+    # C3 against FedAvg over the 6 seeds both ran (paired), the floor over the 6 they share with the untrained model
+    assert f"- random, keep 0.5: {math.sqrt(600.0 * 300.0) / 100 - 1:+.0%} (6 paired seeds)" in lines
+    assert "- random, keep 0.25: +440% (3 paired seeds)" in lines
+    assert "random keep 0.5 / untrained = 0.53 (6 paired seeds)" in lines
+    assert "(each over its own seeds: 3 and 3)" not in lines and "(each over its own seeds: 6 and 6)" not in lines
