@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -164,6 +164,12 @@ bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and 
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims results/cpu-privacy/cpu-privacy.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-privacy && exit $$status
+
+bench-confirmatory: $(VENV)/.installed ## issue 54's confirmatory re-runs on fresh seeds, claims pre-registered: top-k vs random masks at keep 0.5 (paper-fmnist's cells), 8-bit quantized updates vs FedAvg (cpu-compression's), top-1 vs full-mixture experts (cpu-experts'); 30 cells, seeds 401-407 (~35 min on 2 cores; dry run ~38 min), results in results/confirmatory/
+	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory.claims.toml before the first
+	@# cell: the report checks that every run started after the claims file's last commit and exits 1 if not
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory/confirmatory.toml --download --workers $(CPU_WORKERS) --out results/confirmatory/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --claims results/confirmatory/confirmatory.claims.toml && exit $$status
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it
