@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-cpu-experts bench-cpu-bf16 bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -148,6 +148,12 @@ bench-cpu-bf16: $(VENV)/.installed ## bf16 autocast vs float32 training, paper-f
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-bf16/cpu-bf16.toml --download --workers $(CPU_WORKERS) --out results/cpu-bf16/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-bf16/runs --out results/cpu-bf16 --reference 'fedavg?train.amp=off' --claims results/cpu-bf16/cpu-bf16.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-bf16 && exit $$status
+
+bench-cpu-submodels: $(VENV)/.installed ## issue 53's sub-model schemes at capacity tiers 1.0/0.5 (slow = small): FedAvg, random/top-k/balanced masks, HeteroFL, FedRolex, FjORD, hierarchical FedAvg, FedPhD, 5 fresh seeds (~75 min on 2 cores), claims pre-registered; results in results/cpu-submodels/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-submodels/cpu-submodels.toml --download --workers $(CPU_WORKERS) --out results/cpu-submodels/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/cpu-submodels/runs --out results/cpu-submodels --claims results/cpu-submodels/cpu-submodels.claims.toml && \
+	$(BIN)/python results/cpu-submodels/submodel_study.py && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-submodels && exit $$status
 
 bench-run-speed: $(VENV)/.installed ## one dfbench run of paper-fmnist's FedAvg cell before / after issue 52's speed-ups, side by side (~12 min on 2 cores), results/cpu-bf16/speed_run.md
 	$(BIN)/python results/cpu-bf16/run_speed.py
