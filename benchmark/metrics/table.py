@@ -16,6 +16,10 @@
     class_tv, low_classes      (labels)   lower   coverage  eval.*
     denoise_loss               (model)    lower   model     the test split (engine/heldout.py)
 
+The independent checks of the ranking metric (``Metric.checks_ranking``: fd_fmnist_ae, a label-free space;
+denoise_loss, the held-out loss, no feature network) are declared here and nowhere else: a claim on the ranking
+metric or one of them is decided on all of them present, and holds only when they agree (report/claims.py).
+
 ``<ex>`` is each extractor (fmnist, fmnist_ae, inception, clean, dinov2), ``<fd>`` its Frechet metric; "eval.*" is
 the run's ``eval.reference_split``. fd_dinov2 is the Frechet distance in DINOv2 ViT-L/14 space (Stein et al.,
 NeurIPS 2023); its weights are a file the user supplies, so a run without them scores everything else
@@ -40,9 +44,10 @@ from typing import Literal
 from dfbench.benchmark.metrics.prdc import PRDC_METRICS
 
 __all__ = [
-    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "METRICS", "Metric", "OPTIONAL_EXTRACTORS", "PRIMARY", "REQUESTABLE",
-    "auto_metrics",
+    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "INDEPENDENT_CHECKS", "METRICS", "Metric", "OPTIONAL_EXTRACTORS",
+    "PRIMARY", "REQUESTABLE", "auto_metrics",
     "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
+    "independent_checks",
     "prdc_metric", "reference_split_of", "scale",
 ]
 
@@ -77,13 +82,16 @@ class Metric:
     requestable: bool = False  # may be named in eval.metrics (the others come with `quality`)
     datasets: tuple[str, ...] | None = None  # only defined on these datasets (None: any)
     rank: int | None = None  # the leaderboard ranks by the present metric of lowest rank
+    # an independent check of the ranking metric: another view of the same quality (another feature space, or
+    # none), so a ranking that holds only in the ranking metric's space is told apart from one that holds
+    checks_ranking: bool = False
 
 
 def _entries() -> list[Metric]:
     frechet = [
         Metric("fd_fmnist", "fmnist", "lower", "frechet", requestable=True, datasets=("fmnist",), rank=1),
         # a second Fashion-MNIST space, label-free (features.FMNISTAutoencoder): reported beside fd_fmnist, never ranked
-        Metric("fd_fmnist_ae", "fmnist_ae", "lower", "frechet", requestable=True, datasets=("fmnist",)),
+        Metric("fd_fmnist_ae", "fmnist_ae", "lower", "frechet", requestable=True, datasets=("fmnist",), checks_ranking=True),
         Metric("kid_fmnist", "fmnist", "lower", "kid", requestable=True, datasets=("fmnist",)),
         Metric("kid_fmnist_ae", "fmnist_ae", "lower", "kid", requestable=True, datasets=("fmnist",)),
         Metric("fid", "inception", "lower", "frechet", requestable=True, rank=0),
@@ -102,7 +110,7 @@ def _entries() -> list[Metric]:
     out += [Metric("class_tv", None, "lower", "coverage"), Metric("low_classes", None, "lower", "coverage")]
     # the trained model's own objective on held-out test images, in velocity space (benchmark/engine/heldout.py):
     # no feature network; computed from the model, not the samples
-    out += [Metric("denoise_loss", None, "lower", "model", reference="own")]
+    out += [Metric("denoise_loss", None, "lower", "model", reference="own", checks_ranking=True)]
     # what a run leaks (eval.leakage_metrics; benchmark/engine/leakage.py): less is better, farther from
     # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
     for space, ex in (("pixel", None), ("fmnist", "fmnist")):
@@ -119,6 +127,8 @@ REQUESTABLE: tuple[str, ...] = tuple(m.name for m in METRICS.values() if m.reque
 # ranking metrics, first choice first
 PRIMARY: tuple[str, ...] = tuple(m.name for m in sorted((m for m in METRICS.values() if m.rank is not None),
                                                          key=lambda m: m.rank or 0))
+# the independent checks of the ranking metric, in table order (`independent_checks`)
+INDEPENDENT_CHECKS: tuple[str, ...] = tuple(m.name for m in METRICS.values() if m.checks_ranking)
 # eval.metrics=auto: per dataset; "*" for every other dataset. Inception metrics on a dataset with
 # its own classifier are added only when the Inception weights are there (`auto_metrics`).
 _AUTO: dict[str, tuple[str, ...]] = {"fmnist": ("fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"),
@@ -149,6 +159,13 @@ def scale(name: str) -> Literal["log", "difference"]:
     negative, or one the table does not know)."""
     m = METRICS.get(name)
     return "log" if m is not None and m.kind in _LOG_KINDS else "difference"
+
+
+def independent_checks(dataset: str | None = None) -> tuple[str, ...]:
+    """The metrics declared independent checks of the ranking metric (`INDEPENDENT_CHECKS`) that are defined on
+    `dataset` (all of them for None): fd_fmnist_ae on fmnist only, denoise_loss everywhere."""
+    return tuple(n for n in INDEPENDENT_CHECKS
+                 if dataset is None or METRICS[n].datasets is None or dataset in METRICS[n].datasets)
 
 
 def extractor_of(name: str) -> str | None:
