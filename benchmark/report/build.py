@@ -125,10 +125,11 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     }
     runs, not_preregistered = data.runs, None
     if claim_list is not None:
-        from dfbench.benchmark.report.claims import NotPreregistered, preregistered, with_starts, write_claims
+        from dfbench.benchmark.report.claims import NotPreregistered, with_starts, write_claims
 
-        if preregistered(claims):  # type: ignore[arg-type]
-            runs = with_starts(runs)  # into runs.csv too: the check is made again from a committed runs.csv
+        # the starts decide each claim's registration (and a pre-registered file's check); into runs.csv too, so
+        # both are made again from a committed runs.csv
+        runs = with_starts(runs)
     written["runs_csv"] = write_runs_csv(runs, data.metrics, out / "runs.csv")
     if claim_list is not None:
         try:
@@ -150,7 +151,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
 
 RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
                "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb",
-               "started_epoch", "started_how"]  # the last two only for a pre-registered claims file (claims.with_starts)
+               "client_images",  # client work: the claims' budget check (claims.decide)
+               "started_epoch", "started_how"]  # the last two only with a claims file (claims.with_starts)
 
 
 def write_runs_csv(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:

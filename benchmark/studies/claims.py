@@ -43,19 +43,41 @@ def claims_file_of(study: Path) -> Path | None:
 
 
 def read_runs(study: Path) -> pd.DataFrame:
+    """The study's runs.csv, with the runs' starts and client work read from its committed run folders where
+    an older runs.csv lacks them (`claims.with_run_records`)."""
     path = study / "runs.csv"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: `dfbench report --runs RUNS --out {study}` writes it")
-    return pd.read_csv(path)
+    return C.with_run_records(pd.read_csv(path), study)
 
 
 def expected_claims(study: Path, claims_file: Path | None = None) -> str | None:
-    """The claims table the study's runs.csv gives (markdown, as the README quotes it), or None."""
+    """The claims table the study's runs.csv gives (markdown, as the README quotes it), or None. Where git cannot
+    tell a claim's registration (no git, a shallow clone), the one the committed claims.csv records is shown."""
     claims_file = claims_file or claims_file_of(study)
     if claims_file is None:
         return None
     runs = read_runs(study)
-    return C.to_markdown(C.decide(runs, C.load_claims(claims_file), _primary(runs)))
+    table, notes = C.decide_file(runs, claims_file, _primary(runs), study / "runs.csv")
+    recorded = study / "claims.csv"
+    unchecked = table["registration"].astype(str).str.startswith("unchecked")
+    if unchecked.any() and recorded.is_file():
+        before = pd.read_csv(recorded)
+        if "registration" in before:
+            kept = dict(zip(before["id"].astype(str), before["registration"]))
+            table.loc[unchecked, "registration"] = table.loc[unchecked, "id"].astype(str).map(kept)
+            notes = _recorded_notes(recorded.with_name("claims.md"), notes)
+    return C.to_markdown(table, notes)
+
+
+def _recorded_notes(claims_md: Path, notes: list[str]) -> list[str]:
+    """The registration notes the committed claims.md states (its last paragraph after the registration's),
+    for a check made where git cannot tell; `notes` when it states none."""
+    if not claims_md.is_file():
+        return notes
+    text = claims_md.read_text(encoding="utf-8").rstrip("\n")
+    head, found, tail = text.rpartition(C.REGISTRATION_SAID)
+    return [tail.strip()] if found and tail.strip() else []
 
 
 def _primary(runs: pd.DataFrame) -> str | None:

@@ -185,11 +185,11 @@ def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tm
 COMMITTED = 1893456000  # 2030-01-01 00:00:00 UTC, the commit date the temporary repository is given
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git(repo: Path, *args: str, at: float = COMMITTED) -> str:
     import os
     import subprocess
 
-    date = f"@{COMMITTED} +0000"  # fixed dates: the tests never depend on the clock
+    date = f"@{int(at)} +0000"  # fixed dates: the tests never depend on the clock
     env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     return subprocess.run(["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args], env=env, check=True,
                           capture_output=True, text=True).stdout.strip()
@@ -226,8 +226,8 @@ def test_preregistered_claims_hold_when_every_run_started_after_their_commit(tmp
     md = (tmp_path / "out" / "claims.md").read_text()
     line = f"Pre-registered: claims committed in {commit} at 2030-01-01 00:00:00 UTC; all 16 runs started after it."
     assert f"\n\n{line}\n\n| claim |" in md
-    # the README's block is the table alone: decided from runs.csv, as before
-    assert md.endswith(C.to_markdown(C.decide(runs, C.load_claims(path), "fd_fmnist")))
+    # the README's block is the table (with its registration from git) without the pre-registration line
+    assert md.endswith(C.to_markdown(*C.decide_file(runs, path, "fd_fmnist", tmp_path / "out" / "runs.csv")))
 
 
 def test_a_run_started_before_the_claims_commit_fails_the_report_after_writing_it(tmp_path, monkeypatch):
@@ -250,7 +250,7 @@ def test_a_run_started_before_the_claims_commit_fails_the_report_after_writing_i
     plain, _ = _committed_claims(tmp_path / "plain", monkeypatch, GOOD)
     C.write_claims(runs, plain, tmp_path / "out3", "fd_fmnist")
     assert (tmp_path / "out3" / "claims.md").read_text() == f"# Claims\n\nFrom `{plain.as_posix()}`.\n\n" + C.to_markdown(
-        C.decide(runs, C.load_claims(plain), "fd_fmnist"))
+        *C.decide_file(runs, plain, "fd_fmnist", tmp_path / "out3" / "runs.csv"))
 
 
 def test_claims_with_uncommitted_changes_are_not_preregistered(tmp_path, monkeypatch):
@@ -312,3 +312,257 @@ expect = "better"
     assert sorted(table["started_how"]) == ["derived"] * 5 + ["recorded"]
     with pytest.raises(C.NotPreregistered, match="s1-fedavg"):
         C.write_claims(table, path, tmp_path / "again", "fd_fmnist")
+
+
+# -- agreement across metrics: the ranking metric and its declared independent checks -------------------
+
+def _with_checks(ae_topk: float = 1.0, denoise: bool = True) -> pd.DataFrame:
+    """_runs() with fd_fmnist_ae (fd_fmnist x `ae_topk` for top-k, so top-k vs random moves by that factor) and
+    denoise_loss (proportional to fd_fmnist: it agrees with it on every claim)."""
+    runs = _runs()
+    runs["fd_fmnist_ae"] = runs["fd_fmnist"] * np.where(runs["method"] == "topk_prune", ae_topk, 1.0) / 10
+    if denoise:
+        runs["denoise_loss"] = runs["fd_fmnist"] / 3000
+    return runs
+
+
+def test_the_independent_checks_are_declared_once_in_the_metric_table():
+    from dfbench.benchmark.metrics import table as metric_table
+
+    assert metric_table.INDEPENDENT_CHECKS == ("fd_fmnist_ae", "denoise_loss")
+    assert C.quality_metrics("fd_fmnist", "fmnist") == ("fd_fmnist", "fd_fmnist_ae", "denoise_loss")
+    assert C.quality_metrics("fid", "cifar10") == ("fid", "denoise_loss")  # fd_fmnist_ae is defined on fmnist only
+
+
+def test_a_claim_is_decided_only_when_every_metric_agrees(tmp_path):
+    claims = C.load_claims(_claims(tmp_path, GOOD))
+    agree = C.decide(_with_checks(), claims).set_index("id")
+    assert agree.loc["C1", "verdict"] == "better" and agree.loc["C1", "outcome"] == "holds"
+    assert agree.loc["C1", "metrics"] == "fd_fmnist_ae ×0.802 better; denoise_loss ×0.802 better"
+    assert agree.loc["trained", "outcome"] == "holds" and "within the bound" in agree.loc["trained", "metrics"]
+    assert agree.loc["same", "outcome"] == "does not hold"  # worse by all three
+    # the label-free space says top-k is worse (x1.6 / x1.25 = x1.28): the primary's verdict stays, the outcome does not
+    split = C.decide(_with_checks(ae_topk=1.6), claims).set_index("id")
+    assert split.loc["C1", "verdict"] == "better" and split.loc["C1", "outcome"] == "metric-dependent"
+    assert split.loc["C1", "metrics"].startswith("fd_fmnist_ae ×1.28 worse; ")
+    # Holm per metric over the file: the check's p-values are those of the same paired test, corrected together
+    runs = _with_checks(ae_topk=1.6)
+    by = {m: runs[runs["method"] == m].set_index("seed")["fd_fmnist_ae"] for m in ("topk_prune", "random_prune")}
+    raw = stats.ttest_rel(np.log(by["topk_prune"]), np.log(by["random_prune"])).pvalue
+    assert raw < 0.05 / 3  # decided after Holm over the three claims whatever the others' p-values
+    md = C.to_markdown(split.reset_index())
+    assert "| metric-dependent |" in md and "checked here: fd_fmnist_ae, denoise_loss" in md
+    assert "The primary metric alone no longer decides" in md and C.DENOISE_SAID in md
+
+
+def test_estimates_pointing_different_ways_are_metric_dependent_even_undecided(tmp_path):
+    def topk_over_random(fd: list[float], ae: list[float]) -> pd.DataFrame:
+        """_with_checks() with top-k's scores set to random's times these per-seed ratios; no denoise_loss."""
+        runs = _with_checks().drop(columns=["denoise_loss"])
+        for metric, ratios in (("fd_fmnist", fd), ("fd_fmnist_ae", ae)):
+            for seed, ratio in enumerate(ratios):
+                random = runs[(runs["method"] == "random_prune") & (runs["seed"] == seed)][metric].iloc[0]
+                runs.loc[(runs["method"] == "topk_prune") & (runs["seed"] == seed), metric] = random * ratio
+        return runs
+
+    below, above = [0.7, 1.2, 0.75, 1.1], [1.3, 0.8, 1.25, 0.9]  # geometric means x0.92 and x1.04: neither decided
+    runs = topk_over_random(below, above)
+    row = C.decide(runs, C.load_claims(_claims(tmp_path, GOOD))).set_index("id").loc["C1"]
+    assert row["verdict"] == "inconclusive" and "inconclusive" in row["metrics"]
+    primary, check = row["estimate"], float(row["metrics"].split("×")[1].split(" ")[0])
+    assert (primary < 1) != (check < 1) and row["outcome"] == "metric-dependent"
+    # the same, but both pointing one way: undecided, with the seeds that would decide it
+    row = C.decide(topk_over_random(below, below), C.load_claims(_claims(tmp_path, GOOD))).set_index("id").loc["C1"]
+    assert row["outcome"] == "undecided" and row["seeds_to_decide"] > 4
+
+
+def test_a_metric_runs_csv_does_not_record_is_not_counted_and_said(tmp_path):
+    table = C.decide(_with_checks(denoise=False), C.load_claims(_claims(tmp_path, GOOD))).set_index("id")
+    assert table.loc["C1", "metrics"] == "fd_fmnist_ae ×0.802 better; denoise_loss not recorded"
+    assert table.loc["C1", "outcome"] == "holds"  # decided by the two metrics present
+    md = C.to_markdown(table.reset_index())
+    assert "checked here: fd_fmnist_ae; not recorded in runs.csv, so not counted: denoise_loss" in md
+    assert C.DENOISE_SAID not in md  # nothing was checked on it
+    # a claim on a metric outside the family (leakage, traffic) is not checked: its cell is empty, shown as —
+    leak = _with_checks().assign(mia_auc=0.5)
+    body = GOOD.replace('[[claim]]\nid = "C1"', '[[claim]]\nid = "C1"\nmetric = "mia_auc"', 1)
+    row = C.decide(leak, C.load_claims(_claims(tmp_path, body))).set_index("id").loc["C1"]
+    assert row["metrics"] == ""
+
+
+def test_the_denoise_loss_line_says_what_heldout_computes():
+    from fractions import Fraction
+
+    from dfbench.benchmark.engine import heldout
+
+    times = [Fraction(t).limit_denominator(64) for t in heldout.DENOISE_TIMES]
+    assert times == [Fraction(2 * j + 1, 16) for j in range(8)] and len(times) == 8
+    assert "8 fixed times t = 1/16, 3/16, …, 15/16" in C.DENOISE_SAID
+    assert f"{heldout.DENOISE_IMAGES} seeded test images" in C.DENOISE_SAID
+
+
+# -- registration: confirmatory or exploratory, from git -------------------------------------------------
+
+HOUR = 3600.0
+
+
+def _repo(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above tmp_path is seen
+    repo = tmp_path / "repo"
+    repo.mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.name", "Test")
+    _git(repo, "config", "user.email", "test@example.org")
+    return repo
+
+
+def _commit(repo: Path, at: float, **files: str | pd.DataFrame) -> str:
+    """Write and commit `files` (name -> text or a runs table, "runs_csv" for runs.csv) at time `at`; the short hash."""
+    names = []
+    for key, body in files.items():
+        name = "runs.csv" if key == "runs_csv" else key.replace("_", ".", 1) if key.endswith(("_toml", "_md")) else key
+        name = {"claims.toml": "study.claims.toml"}.get(name, name)
+        if isinstance(body, pd.DataFrame):
+            body.to_csv(repo / name, index=False)
+        else:
+            (repo / name).write_text(body)
+        names.append(name)
+    _git(repo, "add", *names)
+    _git(repo, "commit", "-q", "-m", f"at {at}", at=at)
+    return _git(repo, "rev-parse", "--short=7", "HEAD")
+
+
+def _registration(repo: Path, runs: pd.DataFrame) -> dict[str, str]:
+    table, _ = C.decide_file(runs, repo / "study.claims.toml", "fd_fmnist", repo / "runs.csv")
+    return dict(zip(table["id"], table["registration"]))
+
+
+def test_claims_committed_before_their_runs_are_confirmatory(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    _commit(repo, COMMITTED, claims_toml=GOOD)
+    runs = _started([60.0] * 16)
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs)
+    assert _registration(repo, runs) == {"C1": "confirmatory", "trained": "confirmatory", "same": "confirmatory"}
+    table, notes = C.decide_file(runs, repo / "study.claims.toml", "fd_fmnist", repo / "runs.csv")
+    assert notes == [] and "Registration (from git, per claim)" in C.to_markdown(table, notes)
+    assert set(table["budget"]) == {"equal", "— (vs the untrained model)"}
+
+
+def test_claims_committed_after_their_runs_started_are_exploratory(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    _commit(repo, COMMITTED, claims_toml=GOOD)
+    runs = _started([60.0] * 15 + [-HOUR])  # one run (r15, untrained) began an hour before the claims
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs)
+    assert _registration(repo, runs) == {"C1": "confirmatory", "trained": "exploratory (claims after runs)",
+                                         "same": "confirmatory"}
+    # without any start time, runs.csv's commit still dates a run: listed at the claims' commit, it had started
+    repo2 = _repo(tmp_path / "b", monkeypatch)
+    plain = _runs().assign(run_id=[f"r{i:02d}" for i in range(16)])
+    _commit(repo2, COMMITTED, claims_toml=GOOD, runs_csv=plain)
+    assert set(_registration(repo2, plain).values()) == {"exploratory (claims after runs)"}
+    # a start unknown and not dated by a commit is not taken to be after the claims
+    repo3 = _repo(tmp_path / "c", monkeypatch)
+    _commit(repo3, COMMITTED, claims_toml=GOOD)
+    _commit(repo3, COMMITTED + HOUR, runs_csv=plain)
+    assert _registration(repo3, plain)["C1"] == "unchecked (8 of 8 runs have no start time)"
+
+
+def test_a_claim_changed_after_its_runs_started_is_exploratory(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    _commit(repo, COMMITTED - 2 * HOUR, claims_toml=GOOD.replace('expect = "better"', 'expect = "worse"', 1))
+    _commit(repo, COMMITTED, claims_toml=GOOD)  # C1's expectation turned after the runs began; the rest unchanged
+    runs = _started([-HOUR] * 16)
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs)
+    assert _registration(repo, runs) == {"C1": "exploratory (claim changed after runs)", "trained": "confirmatory",
+                                         "same": "confirmatory"}
+    # a change of the statement alone is not a new claim
+    _commit(repo, COMMITTED + 2 * HOUR, claims_toml=GOOD.replace("top-k beats random at 0.5", "top-k wins"))
+    assert _registration(repo, runs)["trained"] == "confirmatory"
+    # a claim no commit holds as it stands (edited in the working tree) is not registered at all
+    (repo / "study.claims.toml").write_text(GOOD.replace("bound = 0.2", "bound = 0.3"))
+    assert _registration(repo, runs)["trained"] == "exploratory (claim changed since its last commit)"
+
+
+def test_seeds_added_after_a_first_result_make_a_claim_exploratory(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    _commit(repo, COMMITTED, claims_toml=GOOD)
+    runs = _started([60.0] * 16)
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs[runs["seed"] < 2])  # a first result on seeds 0 and 1
+    _commit(repo, COMMITTED + 2 * HOUR, runs_csv=runs)
+    assert set(_registration(repo, runs).values()) == {"exploratory (seeds grew: 2 -> 4)"}
+    # no committed runs.csv: the seeds are not checked, and the footer says so
+    repo2 = _repo(tmp_path / "b", monkeypatch)
+    _commit(repo2, COMMITTED, claims_toml=GOOD)
+    table, notes = C.decide_file(runs, repo2 / "study.claims.toml", "fd_fmnist", repo2 / "runs.csv")
+    assert set(table["registration"]) == {"confirmatory"}
+    assert notes == ["runs.csv has no committed version, so whether the seeds grew after a first result is not checked."]
+
+
+def test_results_committed_before_the_claims_make_them_exploratory(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    board = "| setting | fd_fmnist |\n|---|---|\n| topk_prune [keep_ratio=0.5] | 150 |\n| random_prune [keep_ratio=0.5] | 190 |\n"
+    seen = _commit(repo, COMMITTED - HOUR, leaderboard_md=board)
+    _commit(repo, COMMITTED, claims_toml=GOOD)
+    runs = _started([60.0] * 16)
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs)
+    cells = _registration(repo, runs)
+    assert cells["C1"] == f"exploratory (results seen before the claims: leaderboard.md in {seen})"
+    assert cells["trained"] == "confirmatory"  # fedavg and the untrained model were in no table before
+
+
+def test_unequal_client_work_is_exploratory_unless_the_claim_declares_the_confound(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, monkeypatch)
+    _commit(repo, COMMITTED, claims_toml=GOOD)
+    runs = _started([60.0] * 16)
+    runs["client_images"] = np.where(runs["method"] == "topk_prune", 13440.0, np.where(runs["baseline"], 0.0, 26880.0))
+    _commit(repo, COMMITTED + HOUR, runs_csv=runs)
+    table, _ = C.decide_file(runs, repo / "study.claims.toml", "fd_fmnist", repo / "runs.csv")
+    c1 = table.set_index("id").loc["C1"]
+    assert c1["budget"] == "unequal budget (client work A: 13,440, B: 26,880)"
+    assert c1["registration"] == "exploratory (unequal budget)"
+    assert table.set_index("id").loc["trained", "registration"] == "confirmatory"  # vs untrained: no budget to match
+    # rounds count too, from the config columns when no run records client_images
+    rounds = _started([60.0] * 16).assign(**{"cfg.rounds": lambda f: np.where(f["method"] == "random_prune", 28, f["cfg.rounds"])})
+    c1 = C.decide(rounds, C.load_claims(repo / "study.claims.toml"), "fd_fmnist").set_index("id").loc["C1"]
+    assert c1["budget"] == "unequal budget (rounds A: 14, B: 28)"
+    # declared, the confound is shown and the claim can be confirmatory
+    _commit(repo, COMMITTED + 2 * HOUR, claims_toml=GOOD.replace(
+        'expect = "better"', 'expect = "better"\nconfound = "top-k trains half the client work"', 1))
+    table, notes = C.decide_file(runs, repo / "study.claims.toml", "fd_fmnist", repo / "runs.csv")
+    c1 = table.set_index("id").loc["C1"]
+    assert c1["registration"] == "confirmatory" and c1["confound"] == "top-k trains half the client work"
+    assert ("unequal budget (client work A: 13,440, B: 26,880); confound declared: top-k trains half the client work"
+            in C.to_markdown(table, notes))
+    with pytest.raises(C.ClaimsError, match="confound = ''"):
+        C.load_claims(_claims(tmp_path, GOOD.replace('expect = "better"', 'expect = "better"\nconfound = ""', 1)))
+
+
+def test_without_git_the_registration_is_unchecked_and_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    path = _claims(tmp_path, GOOD)
+    runs = _started([60.0] * 16)
+    table, _ = C.decide_file(runs, path, "fd_fmnist", tmp_path / "runs.csv")
+    assert set(table["registration"]) == {"unchecked (not a git checkout)"}
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    table, _ = C.decide_file(runs, path, "fd_fmnist", tmp_path / "runs.csv")
+    assert set(table["registration"]) == {"unchecked (git is not installed)"}
+    # unequal client work makes a claim exploratory whatever git can say
+    runs["client_images"] = np.where(runs["method"] == "topk_prune", 1.0, 2.0)
+    table, _ = C.decide_file(runs, path, "fd_fmnist", tmp_path / "runs.csv")
+    assert table.set_index("id").loc["C1", "registration"] == "exploratory (unequal budget)"
+
+
+def test_an_older_runs_csv_gets_starts_and_client_work_from_its_run_folders(tmp_path):
+    import json
+
+    runs = _runs().assign(run_id=[f"s{i % 4}-{i:010x}" for i in range(16)])
+    for i, run_id in enumerate(runs["run_id"][:2]):
+        folder = tmp_path / "runs" / "fmnist" / run_id
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "status.json").write_text(json.dumps({"state": "done", "updated_epoch": COMMITTED + 100.0}))
+        (folder / "metrics.json").write_text(json.dumps({"wall_seconds": 40.0, "client_images": 26880.0}))
+    out = C.with_run_records(runs, tmp_path)
+    assert out["started_epoch"].iloc[0] == COMMITTED + 60.0 and out["started_how"].iloc[0] == "derived"
+    assert out["client_images"].iloc[1] == 26880.0 and out["started_epoch"].iloc[2:].isna().all()
+    assert C.with_run_records(out, tmp_path) is out  # columns runs.csv has are kept as they are
