@@ -306,12 +306,23 @@ def evaluate_images(images: torch.Tensor, dataset: str, *, metrics: Sequence[str
     are missing raise before any feature is computed, except fd_dinov2 (a file
     only the user supplies), which is left out (`evaluate_samples` says why). Returns one dict per
     metric, in the order requested, each with its interval (ci_low, ci_high,
-    ci_level, ci_method, ci_replicates): Frechet distances a basic bootstrap
-    over the samples with `options.bootstrap` replicates, seeded by `options.seed`.
+    ci_level, ci_method, ci_replicates): Frechet distances the value -+ half the central range of a
+    bootstrap over the samples (`uncertainty`, "centred": it holds the value) with `options.bootstrap`
+    replicates, seeded by `options.seed`; KID a normal interval clipped at 0 (`kid_interval`).
     """
     rows, _ = evaluate_samples(images, dataset, metrics=metrics, options=options, quality=False)
     return rows
 
+
+def kid_interval(value: float, std_err: float, subsets: int) -> dict[str, Any]:
+    """The interval fields of a KID row: the normal interval from the spread of the subset estimates, clipped
+    at 0 (KID, an MMD^2, is >= 0 though its unbiased estimate can fall below; a value below 0 then lies
+    outside its interval, which is for the true KID)."""
+    low = value - 1.96 * std_err
+    return {"ci_low": max(0.0, low), "ci_high": max(0.0, value + 1.96 * std_err), "ci_level": 0.95,
+            "ci_method": "95% normal interval from the spread of KID subset estimates"
+                         + (", clipped at 0 (KID >= 0)" if low < 0 else ""),
+            "ci_replicates": subsets}
 
 def _drop_optional(chosen: list[str], given: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(`chosen` without the metrics of an optional extractor whose weights are not found, a note for each
@@ -396,10 +407,8 @@ def evaluate_samples(images: torch.Tensor, dataset: str, *, metrics: Sequence[st
                     feats, ref["kid_features"], num_subsets=opts.kid_subsets, subset_size=opts.kid_subset_size, seed=0
                 )
                 std_err = None if np.isnan(std_err) else float(std_err)
-                if std_err is not None:  # normal interval from the spread of the subset estimates
-                    interval = {"ci_low": value - 1.96 * std_err, "ci_high": value + 1.96 * std_err, "ci_level": 0.95,
-                                "ci_method": "95% normal interval from the spread of KID subset estimates",
-                                "ci_replicates": opts.kid_subsets}
+                if std_err is not None:
+                    interval = kid_interval(value, std_err, opts.kid_subsets)
             else:
                 value = frechet_distance(feats.mean(axis=0), np.cov(feats, rowvar=False), ref["mu"], ref["sigma"])
                 std_err = None

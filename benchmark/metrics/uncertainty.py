@@ -13,13 +13,18 @@
   overlap can rank apart when a third is clearly better than one of them only.
 
 Interval convention (recorded with every interval, see `Interval.method`):
-"basic" is the basic (reverse-percentile) bootstrap, [2 t - q_hi, 2 t - q_lo]
-(Davison & Hinkley 1997, eq. 5.6). The plug-in Frechet distance is biased
-upwards by O(d / n); the percentile interval inherits that bias twice (once in
-t, once in the replicates) and under-covers the true distance, while the basic
-interval subtracts it to first order -- measured in tests/unit/test_uncertainty.py.
-So the interval is for the distance itself and can lie below the (biased) plug-in
-value when the bias dominates, e.g. 400 samples in 128-d; it is clipped at 0.
+"centred" (the default for Frechet distances) is the value +- half the replicates' central range,
+[t - (q_hi - q_lo) / 2, t + (q_hi - q_lo) / 2]: an interval of the plug-in value at this sample count
+(what another draw of as many samples would score), so it always holds the value it is shown beside.
+The plug-in Frechet distance is biased upwards by O(d / n), and so is this interval: it is not an
+interval of the population distance, and runs are compared at equal sample counts. "basic" is the
+basic (reverse-percentile) bootstrap, [2 t - q_hi, 2 t - q_lo] (Davison & Hinkley 1997, eq. 5.6): it
+subtracts the bias to first order and covers the population distance better (measured in
+tests/unit/test_uncertainty.py), but it is an interval of another estimator than the value shown, and
+with few samples in many dimensions it lies wholly below it (194 of 356 committed label-free
+Fashion-MNIST distances, 200 samples in the autoencoder's space). Both have the same width; an
+interval recorded as "basic" is turned into the "centred" one exactly (`recentre`). Intervals are
+clipped at 0.
 """
 
 from __future__ import annotations
@@ -39,15 +44,18 @@ __all__ = [
     "Interval",
     "bootstrap_frechet",
     "bootstrap_statistic",
+    "centred_method",
     "default_replicates",
     "psd_sqrt",
+    "recentre",
     "t_interval",
     "seed_interval",
     "tie_ranks",
 ]
 
-BootstrapMethod = Literal["basic", "percentile"]
-BOOTSTRAP_METHODS: tuple[str, ...] = ("basic", "percentile")
+BootstrapMethod = Literal["centred", "basic", "percentile"]
+BOOTSTRAP_METHODS: tuple[str, ...] = ("centred", "basic", "percentile")
+FRECHET_WHAT = "over generated samples (reference fixed)"  # what a Frechet interval resamples
 # float64 elements of one batch of resampled feature sets [B, n, D] (2^24 = 128 MB)
 _BATCH_ELEMENTS = 1 << 24
 
@@ -166,7 +174,7 @@ class FrechetReference:
         replicates: int,
         seed: int,
         level: float = 0.95,
-        method: BootstrapMethod = "basic",
+        method: BootstrapMethod = "centred",
     ) -> tuple[float, Interval, np.ndarray]:
         """(distance, interval, replicate distances) resampling the rows of `feats` with replacement."""
         _check_level(level)
@@ -186,8 +194,8 @@ class FrechetReference:
         sq = (x * x).sum(dim=1)
         with _one_thread(self.device.type == "cpu" and min(n, self.dims) <= 512):
             reps = torch.cat([self._resampled(x, y, sq, i) for i in idx.split(batch)]).cpu().numpy()
-        interval = _interval(point, reps, level, method, "over generated samples (reference fixed)")
-        if interval.low < 0:  # a distance is >= 0; the basic interval's bias shift can cross 0
+        interval = _interval(point, reps, level, method, FRECHET_WHAT)
+        if interval.low < 0:  # a distance is >= 0; the interval's half width (or the basic one's bias shift) can cross 0
             interval = Interval(0.0, max(interval.high, 0.0), level, interval.method + ", clipped at 0", replicates)
         return point, interval, reps
 
@@ -205,8 +213,23 @@ def _one_thread(active: bool) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def centred_method(level: float, what: str) -> str:
+    """The `Interval.method` of a "centred" bootstrap interval (see the module doc)."""
+    return f"{level:.0%} bootstrap interval of the value: ± half the central {level:.0%} range of the replicates {what}"
+
+
+def recentre(value: float, low: float, high: float) -> tuple[float, float]:
+    """A "basic" interval [2 t - q_hi, 2 t - q_lo] of value t as the "centred" one of the same replicates,
+    t -+ (q_hi - q_lo) / 2 (the two have the same width), clipped at 0: exact, not an approximation."""
+    half = (high - low) / 2
+    return max(0.0, value - half), value + half
+
+
 def _interval(point: float, reps: np.ndarray, level: float, method: str, what: str) -> Interval:
     lo_q, hi_q = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
+    if method == "centred":  # the value +- half the central range: always holds the value
+        half = (hi_q - lo_q) / 2
+        return Interval(float(point - half), float(point + half), level, centred_method(level, what), len(reps))
     if method == "basic":
         low, high = 2 * point - hi_q, 2 * point - lo_q
     else:
@@ -222,7 +245,7 @@ def bootstrap_frechet(
     replicates: int = 200,
     seed: int = 0,
     level: float = 0.95,
-    method: BootstrapMethod = "basic",
+    method: BootstrapMethod = "centred",
 ) -> tuple[float, Interval]:
     """Frechet distance of `feats` to N(mu_ref, sigma_ref) and its bootstrap interval."""
     point, interval, _ = FrechetReference(mu_ref, sigma_ref).bootstrap(

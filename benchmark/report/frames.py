@@ -24,7 +24,7 @@ from dfbench.benchmark.core import schema
 from dfbench.benchmark.core.config import SECTIONS, experiment_schema
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
-from dfbench.benchmark.metrics.uncertainty import t_interval
+from dfbench.benchmark.metrics.uncertainty import FRECHET_WHAT, centred_method, recentre, t_interval
 from dfbench.benchmark.report import verdicts
 from dfbench.benchmark.report.names import _present as present
 from dfbench.benchmark.report.names import CONFIG_DEFAULTS, reference_method, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
@@ -150,6 +150,37 @@ def is_variant(entry: Any) -> bool:
     return isinstance(entry, dict) and entry.get("configured") is False
 
 
+def non_negative(metric: str) -> bool:
+    """Whether `metric` is >= 0 in truth, so that no interval of it may go below 0: every metric of the
+    metric table is (distances, KID, losses, rates, AUCs, counts, precision/recall); a name the table
+    does not know is left as recorded."""
+    return metric_table.get(metric) is not None
+
+
+def run_interval(metric: str, entry: Mapping[str, Any]) -> tuple[float, float, str | None]:
+    """(low, high, method) of a run's own interval of `metric` as the report shows it: as `entry` (a
+    metrics.json row) records it, except that
+
+    - a Frechet interval recorded as a basic bootstrap (an interval of the bias-corrected distance, which
+      with few samples in many dimensions lies wholly below the value it accompanies) is shown as the
+      centred interval of the same replicates, the value -+ half its width (`uncertainty.recentre`:
+      exact, what scoring records today); one clipped at 0 lost its width and is dropped;
+    - the interval of a metric that is >= 0 (`non_negative`) is clipped at 0, and says so."""
+    value, low, high = (to_float(entry.get(k)) for k in ("value", "ci_low", "ci_high"))
+    method = entry.get("ci_method") if isinstance(entry.get("ci_method"), str) else None
+    level = to_float(entry.get("ci_level"))
+    basic = f"{(0.95 if math.isnan(level) else level):.0%} basic bootstrap {FRECHET_WHAT}"
+    if method == basic and not math.isnan(value):
+        low, high = recentre(value, low, high)
+        method = centred_method(0.95 if math.isnan(level) else level, FRECHET_WHAT)
+    elif method == basic + ", clipped at 0":
+        return math.nan, math.nan, None
+    if non_negative(metric) and low < 0:
+        low, high = 0.0, max(high, 0.0)
+        method = (method or "interval") + f", clipped at 0 ({metric} >= 0)"
+    return low, high, method
+
+
 def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Long tables from parsed runs: (one row per run, one row per evaluation, one row per round).
 
@@ -229,6 +260,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         run_rows.append(row)
         result = [e for e in metrics.get("evaluations", []) if not is_variant(e)]
         for key, entry in _metric_keys(result, rec.warnings):
+            low, high, how = run_interval(key, entry)
             eval_rows.append(
                 {
                     "run_id": rec.run_id,
@@ -236,9 +268,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
                     "metric": key,
                     "value": to_float(entry.get("value")),
                     "std_err": to_float(entry.get("std_err")),
-                    "ci_low": to_float(entry.get("ci_low")),
-                    "ci_high": to_float(entry.get("ci_high")),
-                    "ci_method": entry.get("ci_method"),
+                    "ci_low": low,
+                    "ci_high": high,
+                    "ci_method": how,
                     "better": entry.get("better") or "lower",
                     **{
                         k: entry.get(k)
@@ -301,10 +333,11 @@ def inference_frame(records: Sequence[RunRecord], runs: pd.DataFrame) -> pd.Data
         for rule, configured in dict.fromkeys((str(e["inference"]), not is_variant(e)) for e in tagged):
             same = [e for e in tagged if (str(e["inference"]), not is_variant(e)) == (rule, configured)]
             for key, entry in _metric_keys(same, []):  # (a bad row is warned about once, by runs_frame)
+                low, high, _ = run_interval(key, entry)
                 rows.append({
                     **{k: run[k] for k in ("dataset", "partition", "method", "params", "setting", "seed", "group_key")},
                     "run_id": rec.run_id, "inference": rule, "configured": configured, "metric": key,
-                    **{k: to_float(entry.get(k)) for k in ("value", "std_err", "ci_low", "ci_high")},
+                    **{k: to_float(entry.get(k)) for k in ("value", "std_err")}, "ci_low": low, "ci_high": high,
                 })
     frame = pd.DataFrame(rows, columns=[c for c in INFERENCE_COLUMNS if not c.startswith("seed_")])
     if frame.empty:
@@ -392,8 +425,10 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str], *, reference: str | No
 def _interval_columns(row: dict[str, Any], grp: pd.DataFrame, metric: str, values: pd.Series) -> None:
     """{metric}_ci_low / _ci_high / _ci_method (and _gmean): across >= 2 seeds, a Student-t interval of
     the mean, taken on the log of a positive metric (`metrics.table.scale`) and mapped back: the interval
-    of the geometric mean, never below 0; else the one run's own interval (bootstrap for Frechet
-    distances); else none (NaN: never a zero-width interval)."""
+    of the geometric mean, never below 0; of any other metric that is >= 0 (`non_negative`: KID, rates,
+    precision) the t-interval clipped at 0 (its true value is >= 0, so the clipped interval covers as
+    often), and a mean below 0 (KID's unbiased estimate near 0) is said so, never logged; else the one
+    run's own interval (`run_interval`); else none (NaN: never a zero-width interval)."""
     low = high = gmean = math.nan
     method = None
     positive = metric_table.scale(metric) == "log" and len(values) and bool((values > 0).all())
@@ -405,8 +440,13 @@ def _interval_columns(row: dict[str, Any], grp: pd.DataFrame, metric: str, value
             low, high = math.exp(interval.low), math.exp(interval.high)  # type: ignore[union-attr]
             method = f"95% t-interval of the geometric mean (on log values) across {len(values)} seeds"
         else:
-            _, interval = t_interval(values.tolist())
+            mean, interval = t_interval(values.tolist())
             low, high, method = interval.low, interval.high, interval.method  # type: ignore[union-attr]
+            if non_negative(metric) and low < 0:
+                low, high = 0.0, max(high, 0.0)
+                method += f", clipped at 0 ({metric} >= 0)"
+            if non_negative(metric) and mean < 0:
+                method += "; the mean is below 0: an unbiased estimate of a value >= 0, at 0 within its noise"
     elif len(values) == 1 and f"{metric}__lo" in grp:
         idx = values.index[0]
         low, high, method = float(grp.loc[idx, f"{metric}__lo"]), float(grp.loc[idx, f"{metric}__hi"]), grp.loc[idx, f"{metric}__ci"]

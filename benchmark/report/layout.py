@@ -269,15 +269,23 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
     name = labels[ranked.index[0]]
     if "rank_low" not in block or "verdict" not in block:  # a leaderboard.csv from before the verdicts: its own rule
         return _headline_before_verdicts(block, primary, labels, score)
+    # where settings ran different seeds, first place is decided on the seeds they all ran, and the score
+    # shown (the setting's mean over its own seeds) is not what decided it: the sentence says both
+    common = to_float(first.get("rank_seeds"))
+    if _own_seeds_differ(block) and common > 0:
+        n = int(first["n"])
+        best = (f"ranks first on the {int(common)} seed{'s' if common != 1 else ''} every setting ran "
+                f"({primary} {fmt_metric(first, primary, n)} over its own {n} seed{'s' if n != 1 else ''}, {word} is better)")
+    else:
+        best = f"has the best {score}"
     if low == 1 and high == 1:
-        text = (f"**{name}** ranks first: {score}; significantly better than every other setting, paired over "
-                "the seeds each two share.")
+        text = (f"**{name}** {best}; significantly better than every other setting, paired over the seeds each "
+                "two share.")
     elif math.isnan(low):
-        text = (f"**{name}** has the best {score}. With one seed per setting no rank is settled: the ranks are "
-                "the order of single runs.")
+        text = f"**{name}** {best}. With one seed per setting no rank is settled: the ranks are the order of single runs."
     else:
         also = [labels[i] for i, r in ranked.iloc[1:].iterrows() if to_float(r.get("rank_low")) == 1]
-        text = (f"**{name}** has the best {score}, but first place is not settled: the paired evidence leaves it "
+        text = (f"**{name}** {best}, but first place is not settled: the paired evidence puts it at "
                 f"ranks {int(low)}–{int(high)}" + (f", and {_join(also)} can rank first too." if also else "."))
     verdict = block["verdict"].astype(str)
     untested = block.apply(one_seed, axis=1).astype(bool) if len(block) else verdict.eq("")
