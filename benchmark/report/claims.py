@@ -509,9 +509,9 @@ def to_markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
         need = r["seeds_to_decide"]
         if outcome == "undecided" and need is not None and not (isinstance(need, float) and math.isnan(need)):
             outcome += f": {int(need)} seeds would decide it"
-        elif outcome == "undecided" and r["note"]:
+        elif outcome == "undecided" and _cell(r["note"]):
             outcome += f": {r['note']}"
-        statement = str(r["statement"]) + (f" ({r['source']})" if r["source"] else "")
+        statement = str(r["statement"]) + (f" ({r['source']})" if _cell(r["source"]) else "")
         budget = _cell(r["budget"]) + (f"; confound declared: {r['confound']}" if _cell(r["confound"]) else "")
         lines.append(f"| {r['id']} | {statement} | {r['a']} vs {r['b']} | {r['metric']} | {int(r['seeds'])} | {est} | "
                      f"{r['verdict']} | {_cell(r['metrics']) or '—'} | {expected} | {outcome} | {budget} | "

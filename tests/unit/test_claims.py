@@ -566,3 +566,21 @@ def test_an_older_runs_csv_gets_starts_and_client_work_from_its_run_folders(tmp_
     assert out["started_epoch"].iloc[0] == COMMITTED + 60.0 and out["started_how"].iloc[0] == "derived"
     assert out["client_images"].iloc[1] == 26880.0 and out["started_epoch"].iloc[2:].isna().all()
     assert C.with_run_records(out, tmp_path) is out  # columns runs.csv has are kept as they are
+
+
+def test_a_readme_check_without_git_takes_the_registration_claims_csv_recorded(tmp_path, monkeypatch):
+    # a source tarball has no history: the check still compares every number, and shows the registration the
+    # committed claims.csv records (made where git could tell) instead of failing on "unchecked"
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    study = tmp_path / "study"
+    study.mkdir()
+    _started([60.0] * 16).to_csv(study / "runs.csv", index=False)
+    readme = study / "README.md"
+    readme.write_text(f"# Study\n\n{C.BEGIN}\nold\n{C.END}\n")
+    study_claims.refresh(readme, _claims(tmp_path, GOOD))
+    assert "unchecked (not a git checkout)" in readme.read_text()
+    pd.read_csv(study / "claims.csv").assign(registration="confirmatory").to_csv(study / "claims.csv", index=False)
+    readme.write_text(readme.read_text().replace("unchecked (not a git checkout)", "confirmatory"))
+    assert study_claims.stale_blocks(readme) == []
+    readme.write_text(readme.read_text().replace("| confirmatory |", "| exploratory (claims after runs) |", 1))
+    assert study_claims.stale_blocks(readme) == ["claims block: differs from the claims decided from runs.csv"]
