@@ -65,6 +65,64 @@ def test_membership_attack_on_an_untrained_model_is_at_chance(tiny_data, test_sp
     assert abs(auc["value"] - 0.5) < 0.1
 
 
+def _split(data: datasets.ImageSet, size: int, seed: int) -> tuple[datasets.ImageSet, datasets.ImageSet]:
+    """Two disjoint halves of `size` images each, drawn from `data` by a seeded permutation: one distribution."""
+    order = np.random.default_rng(seed).permutation(len(data))
+    def part(ix):
+        ix = torch.as_tensor(np.sort(ix))
+        return dataclasses.replace(data, images=data.images[ix].contiguous(), labels=data.labels[ix].contiguous())
+    return part(order[:size]), part(order[size:2 * size])
+
+
+def _untrained_auc(data: datasets.ImageSet, size: int, seed: int) -> dict:
+    """The attack's pooled AUC row for an untrained tiny model whose clients hold one half of a seeded split
+    and whose held-out set is the other half: members and non-members of equal size, one distribution."""
+    members, held = _split(data, size, seed)
+    cfg = tiny_config(over={"eval.leakage_metrics": True, "seed": seed, "data.partition": "iid"})
+    ctx = build_context(cfg, data=members)
+    rows, notes = leakage.membership(cfg, ctx, ctx.init_params, held.images, held.labels.numpy())
+    row = next(r for r in rows if r["metric"] == "mia_auc")
+    assert row["num_members"] == row["num_nonmembers"] == size  # every client image a member, every held-out image not
+    return row
+
+
+def test_the_untrained_attack_is_at_chance_on_a_seeded_split_of_one_dataset(tiny_data):
+    # prepare / execute: 128 members and 128 non-members, a seeded split of the same synthetic images
+    row = _untrained_auc(tiny_data, 128, seed=3)
+    # assert: chance is inside the interval and the value within the band of chance (+-0.12 at 128 / 128)
+    from dfbench.benchmark.metrics.membership import chance_band
+
+    assert row["ci_low"] <= 0.5 <= row["ci_high"]
+    assert abs(row["value"] - 0.5) < chance_band(128, 128)
+
+
+def test_the_untrained_attack_is_at_chance_on_fashion_mnist():
+    # prepare: 256 members and 256 non-members drawn by a seeded split of Fashion-MNIST's training images
+    # (cpu-privacy's untrained model scored 0.211 [0.074, 0.356] with 16 members against 16 test images)
+    try:
+        data = datasets.load("fmnist", "train")
+    except (OSError, ValueError) as err:
+        pytest.skip(f"Fashion-MNIST not available here: {err}")
+    # execute
+    row = _untrained_auc(data, 256, seed=0)
+    # assert
+    assert row["ci_low"] <= 0.5 <= row["ci_high"]
+    assert row["nonmembers"] == "label-matched held-out images"
+
+
+def test_non_members_follow_the_members_label_mix_and_number_at_least_the_minimum():
+    # prepare: members of two labels in a 3:1 mix; a held-out set of four labels
+    labels = np.repeat(np.arange(4), 1000)
+    members = np.array([1] * 30 + [2] * 10)
+    # execute
+    picked = leakage.matched_draw(members, labels, 1000, np.random.default_rng(0))
+    # assert: 750 of label 1, 250 of label 2, distinct, sorted; a label the held-out set lacks is topped up
+    assert len(np.unique(picked)) == 1000 and np.all(np.diff(picked) > 0)
+    assert np.bincount(labels[picked], minlength=4).tolist() == [0, 750, 250, 0]
+    short = leakage.matched_draw(np.array([1] * 40), labels, 1200, np.random.default_rng(0))
+    assert len(np.unique(short)) == 1200 and (labels[short] == 1).sum() == 1000
+
+
 def test_image_losses_are_the_objectives_loss_at_the_fixed_levels(tiny_data):
     # prepare: an independent computation of the same per-image loss for two images
     cfg = tiny_config(over={"train.objective": "fm"})

@@ -221,3 +221,20 @@ def test_client_max_left_out_when_no_client_has_two_members():
     # assert
     assert [r["metric"] for r in rows] == ["mia_auc", "mia_tpr_1fpr"]
     assert len(notes) == 1 and "mia_auc_client_max" in notes[0]
+
+
+def test_chance_band_is_the_spread_of_the_auc_without_leakage():
+    # prepare: 4000 draws of 16 members and 16 non-members from one distribution (cpu-privacy's attack size)
+    from dfbench.benchmark.metrics.membership import chance_band
+
+    rng = np.random.default_rng(0)
+    draws = [auc(rng.standard_normal(16), rng.standard_normal(16)) for _ in range(4000)]
+    # execute
+    band = chance_band(16, 16)
+    # assert: the Mann-Whitney null sd by hand, and 95 % of the simulated AUCs inside 0.5 +- band
+    assert band == pytest.approx(stats.norm.ppf(0.975) * math.sqrt(33 / (12 * 16 * 16)))
+    inside = np.mean(np.abs(np.array(draws) - 0.5) <= band)
+    assert 0.93 <= inside <= 0.97
+    assert chance_band(16, 1000) < band and chance_band(256, 256) == pytest.approx(0.05, abs=0.001)
+    with pytest.raises(ValueError, match="at least one member"):
+        chance_band(0, 10)

@@ -54,3 +54,27 @@ def test_rows_are_means_with_t_intervals_and_seed_paired_differences(tmp_path):
     md = to_markdown(table.reset_index(), "fd_fmnist", "fedavg")
     assert "| fedavg (clip=0.5, noise=1) | 3 | 329.1 [" in md and "| 19 |" in md
     assert plot(table.reset_index(), "fd_fmnist", "fedavg", tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_no_spread_is_said_the_attack_size_shown_and_paired_seeds_counted():
+    # prepare: every setting's attack AUC 1.0 at every seed (a score at its bound), 16 members against 1000
+    # non-members; plain FedAvg lacks seed 2, so the others pair with it on 2 of their 3 seeds
+    runs = _runs()
+    runs["mia_auc"] = 1.0
+    runs = runs[runs["run_id"] != "fedavg2"].reset_index(drop=True)
+    sizes = {r: (16, 1000) for r in runs["run_id"]}
+    # execute
+    table = privacy_table(runs, "fd_fmnist", sizes=sizes)
+    md = to_markdown(table, "fd_fmnist", "fedavg")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    # assert: the AUC is "1.000 (no spread)", never "[1.000, 1.000]"; the attack's size and chance band shown
+    assert "1.000 (no spread)" in rows["fedavg"] and "[1.000, 1.000]" not in md
+    assert "16 / 1000 (±0.14)" in rows["fedavg"]
+    # the paired difference says on how many seeds, where fewer than the setting's own
+    quantized = table.set_index("setting").loc["quantized (bits=4)"]
+    assert quantized["seeds"] == 3 and quantized["fd_fmnist_diff_seeds"] == 2
+    assert quantized["fd_fmnist_diff"] == pytest.approx(((105.0 - 100.0) + (112.0 - 110.0)) / 2)
+    assert rows["quantized (bits=4)"].count("(2 paired seeds)") == 2  # Δ fd_fmnist and Δ copy
+    # every interval of a leakage metric is >= 0
+    lows = [c for c in table.columns if c.endswith("_low") and not c.endswith("_diff_low")]
+    assert (table[lows].fillna(0) >= 0).all().all()
