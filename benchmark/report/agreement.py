@@ -7,7 +7,9 @@ per-client-average distance -- kinds ``QUALITY_KINDS`` of benchmark/metrics/tabl
 
 - Kendall's tau-b (scipy.stats.kendalltau) between the settings' seed means under p and under m (a
   distance or a loss averaged on its log, as the leaderboard ranks by the geometric mean),
-  both signed so that larger is worse (tau = 1: m orders the settings exactly as p does);
+  both signed so that larger is worse (tau = 1: m orders the settings exactly as p does); the means
+  are over the seeds every setting ran under p, as the leaderboard's ranks are (all seeds when the
+  settings share none), and each row says how many;
 - its 95% interval from resampling the seeds: each replicate draws the block's seeds with
   replacement, the same draw for every setting (runs with the same seed share partition, initial
   model and noises, so the resampling keeps them paired), and recomputes both means and tau;
@@ -77,6 +79,10 @@ def block_agreement(runs: pd.DataFrame, primary: str, metrics: Sequence[str], re
         return {"primary": primary, "best": None, "rows": []}
     settings = sorted(runs["group_key"].unique())
     seeds = sorted(runs["seed"].dropna().unique())
+    # the seeds every setting ran (with a score under the ranking metric): settings compared on the same seeds
+    scored = runs[runs[primary].notna()]
+    common = sorted(set.intersection(*(set(g["seed"].dropna()) for _, g in scored.groupby("group_key"))))
+    seeds = common or seeds
 
     def cube(metric: str) -> np.ndarray:  # [settings, seeds], NaN where a run is missing
         pivot = runs.pivot_table(index="group_key", columns="seed", values=metric, aggfunc="mean")

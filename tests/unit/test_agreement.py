@@ -55,6 +55,18 @@ def test_identical_and_reversed_orders_and_the_untrained_baseline_left_out():
     assert out["best"] == "s0" and rows["denoise_loss"]["settings"] == 4
 
 
+def test_settings_are_compared_on_the_seeds_they_all_ran():
+    # prepare: "long" ran 6 seeds (30 on seeds 0-2, 5 on 3-5), "short" and "other" only seeds 0-2 (20, 25):
+    # over its own seeds long is first (12.2), over the 3 seeds all three ran it is last (30)
+    runs = _runs({"long": {"fd_fmnist": [30.0, 30, 30, 5, 5, 5], "kid_fmnist": [3.0, 3, 3, 0.5, 0.5, 0.5]}})
+    runs = pd.concat([runs, _runs({"short": {"fd_fmnist": [20.0, 21, 19], "kid_fmnist": [2.0, 2.1, 1.9]},
+                                   "other": {"fd_fmnist": [25.0, 26, 24], "kid_fmnist": [2.5, 2.6, 2.4]}})])
+    # execute
+    out = block_agreement(runs, "fd_fmnist", ["fd_fmnist", "kid_fmnist"])
+    # assert: the first place and the tau come from seeds 0-2, and the row says 3 seeds
+    assert out["best"] == "short" and out["rows"][0]["seeds"] == 3 and out["rows"][0]["tau"] == pytest.approx(1.0)
+
+
 def test_only_quality_metrics_other_than_the_ranking_one_are_compared():
     got = quality_metrics(["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "precision_fmnist", "class_tv", "denoise_loss",
                            "client_fd_fmnist_mean", "client_fd_fmnist_worst", "mia_auc"], "fd_fmnist")
