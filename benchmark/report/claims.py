@@ -326,6 +326,16 @@ def quality_metrics(ranking: str | None, dataset: str | None) -> tuple[str, ...]
 UNEQUAL = "unequal budget"  # how a budget cell starts when A and B differ in client work or rounds
 
 
+def _client_rounds(s: pd.DataFrame) -> pd.Series:
+    """Rounds of client training per run: cfg.rounds, times cfg.edge_rounds under edge servers (cfg.edges > 0),
+    where train.rounds counts cloud rounds of edge_rounds client rounds each."""
+    out = pd.to_numeric(s["cfg.rounds"], errors="coerce")
+    if "cfg.edges" in s and "cfg.edge_rounds" in s:
+        edges = pd.to_numeric(s["cfg.edges"], errors="coerce").fillna(0)
+        out = out * pd.to_numeric(s["cfg.edge_rounds"], errors="coerce").fillna(1).where(edges > 0, 1)
+    return out
+
+
 def _budget(sides: Sequence[pd.DataFrame], claim: Claim) -> str:
     """The budget cell: whether A and B had the same client work and rounds. Client work is runs.csv's
     client_images (images trained on by clients, in full-model units) where every run records it, else
@@ -340,14 +350,13 @@ def _budget(sides: Sequence[pd.DataFrame], claim: Claim) -> str:
         needed = ["cfg.rounds", "cfg.local_steps", "cfg.batch_size", "cfg.clients"]
         if all(c in rows for c in needed):
             def per_run(s: pd.DataFrame) -> pd.Series:
-                out = pd.Series(1.0, index=s.index)
-                for c in needed + (["cfg.participation"] if "cfg.participation" in s else []):
+                out = _client_rounds(s)
+                for c in needed[1:] + (["cfg.participation"] if "cfg.participation" in s else []):
                     out = out * pd.to_numeric(s[c], errors="coerce")
                 return out
             if all(per_run(s).notna().all() for s in sides):
                 work = [float(per_run(s).mean()) for s in sides]
-    rounds = ([float(pd.to_numeric(s["cfg.rounds"], errors="coerce").mean()) for s in sides]
-              if "cfg.rounds" in rows else [])
+    rounds = [float(_client_rounds(s).mean()) for s in sides] if "cfg.rounds" in rows else []
     rounds = rounds if all(math.isfinite(r) for r in rounds) else []
     if not work and not rounds:
         return "not recorded (no client_images, no cfg.rounds)"

@@ -525,6 +525,10 @@ def test_unequal_client_work_is_exploratory_unless_the_claim_declares_the_confou
     rounds = _started([60.0] * 16).assign(**{"cfg.rounds": lambda f: np.where(f["method"] == "random_prune", 28, f["cfg.rounds"])})
     c1 = C.decide(rounds, C.load_claims(repo / "study.claims.toml"), "fd_fmnist").set_index("id").loc["C1"]
     assert c1["budget"] == "unequal budget (rounds A: 14, B: 28)"
+    # under edge servers train.rounds counts cloud rounds: 7 cloud rounds x 2 edge rounds = 14 client rounds
+    hier = rounds.assign(**{"cfg.rounds": lambda f: np.where(f["method"] == "random_prune", 7, 14),
+                            "cfg.edges": lambda f: np.where(f["method"] == "random_prune", 2, 0), "cfg.edge_rounds": 2})
+    assert C.decide(hier, C.load_claims(repo / "study.claims.toml"), "fd_fmnist").set_index("id").loc["C1", "budget"] == "equal"
     # declared, the confound is shown and the claim can be confirmatory
     _commit(repo, COMMITTED + 2 * HOUR, claims_toml=GOOD.replace(
         'expect = "better"', 'expect = "better"\nconfound = "top-k trains half the client work"', 1))
