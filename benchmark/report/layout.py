@@ -449,6 +449,10 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
                       "better / worse / equivalent" + (f" (within ±{margin:.0%})" if not math.isnan(margin) else "")
                       + " by Holm-corrected paired tests, else inconclusive; undecidable (no spread): the same "
                       "difference at every seed, e.g. a score at its bound; one seed: not tested (no spread to test).")
+    if primary and "rank_low" in block and pd.to_numeric(block["rank_low"], errors="coerce").notna().any():
+        legend.append("rank (a–b): a = 1 + the settings significantly better, b = the settings not significantly "
+                      "worse, by paired t-tests over the seeds each two share, Holm-corrected over all pairs: the "
+                      "ranks the evidence allows (jointly 95 %), wide with few seeds.")
     if primary and _own_seeds_differ(block):
         legend.append(f"{_arrow(primary)}: each setting's own mean over its own seeds (the seeds column); the rank "
                       "and the paired column compare settings only on the seeds they share.")

@@ -89,6 +89,7 @@ def test_seeds_give_paired_verdicts_rank_intervals_and_positive_intervals(tmp_pa
     assert (csv["fd_fmnist_ci_low"] > 0).all()  # a distance's interval never reaches 0
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "first place is not settled: the paired evidence puts it at ranks 1–3" in md
+    assert "- rank (a–b): a = 1 + the settings significantly better, b = the settings not significantly worse" in md
     assert ranks["fedavg"][1:] == (1, 2) and ranks["fedprox"][1:] == (2, 3)  # fedprox: worse than fedavg at every seed
     assert "Against fedavg, paired by seed (Holm-corrected, equivalent within ±10%): 1 worse, 1 inconclusive." in md
 
