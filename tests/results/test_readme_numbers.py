@@ -146,7 +146,7 @@ def test_every_trained_setting_of_a_committed_leaderboard_has_a_paired_verdict(s
     trained = table[table["baseline"].astype(str).str.lower() != "true"]
     for (dataset, partition), block in trained.groupby(["dataset", "partition"]):
         verdicts = block["verdict"].fillna("").astype(str)
-        allowed = {"reference", "better", "worse", "equivalent", "inconclusive", "unpaired"}
+        allowed = {"reference", "better", "worse", "equivalent", "inconclusive", "undecidable", "unpaired"}
         assert set(verdicts) <= allowed, f"{study.name} {dataset}/{partition}: settings without a verdict: {sorted(set(verdicts) - allowed)}"
         compared = verdicts[verdicts != "reference"]
         assert len(compared) >= (verdicts == "reference").sum(), (
