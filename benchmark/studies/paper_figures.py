@@ -254,7 +254,7 @@ def plot_metric_vs_keep(table: pd.DataFrame, metric: str, path: Path) -> Path:
     untrained = table[table["family"] == "untrained"]
     if len(untrained):
         ax.axhline(float(untrained["metric_mean"].iloc[0]), color="gray", ls="--", label="untrained")
-    ax.set(xlabel="keep ratio", ylabel=f"{metric} (lower is better)", title=f"{metric} vs keep ratio\n(geometric mean, 95% t-interval over each point's own seeds)")
+    ax.set(xlabel="keep ratio", ylabel=f"{metric} (lower is better)", title=f"{metric} vs keep ratio\n(geometric mean, 95% t-interval\nover each point's own seeds)")
     ax.set_ylim(bottom=0)
     ax.invert_xaxis()
     ax.legend()
