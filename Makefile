@@ -151,7 +151,7 @@ bench-cpu-bf16: $(VENV)/.installed ## bf16 autocast vs float32 training, paper-f
 
 bench-cpu-submodels: $(VENV)/.installed ## issue 53's sub-model schemes at capacity tiers 1.0/0.5 (slow = small): FedAvg, random/top-k/balanced masks, HeteroFL, FedRolex, FjORD, hierarchical FedAvg, FedPhD, 5 fresh seeds (~75 min on 2 cores), claims pre-registered; results in results/cpu-submodels/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-submodels/cpu-submodels.toml --download --workers $(CPU_WORKERS) --out results/cpu-submodels/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/cpu-submodels/runs --out results/cpu-submodels --claims results/cpu-submodels/cpu-submodels.claims.toml && \
+	$(BIN)/dfbench report --runs results/cpu-submodels/runs --out results/cpu-submodels --reference 'fedavg?system.edges=0' --claims results/cpu-submodels/cpu-submodels.claims.toml && \
 	$(BIN)/python results/cpu-submodels/submodel_study.py && \
 	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-submodels && exit $$status
 
