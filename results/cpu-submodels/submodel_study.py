@@ -16,10 +16,11 @@
    on the simulated clock (the run's sim_seconds, which credits a mask with its kept FLOPs). Then the
    rule's verdict for every structured scheme against every mask scheme: "faster" when the structured one
    is strictly sooner on every seed (one-sided sign test, p = 1/2^n), else "not shown".
-3. communication.csv: every bit each scheme sent (uplink and downlink; with edges, clients <-> edges and
-   edges <-> cloud), per run and as a fraction of flat FedAvg's on the same seed.
+3. curves.csv: each scheme's quality curve (geometric mean over seeds per round of client training).
+4. communication_runs.csv: every bit each scheme sent (uplink and downlink; with edges, clients <-> edges and
+   edges <-> cloud), per run and as a fraction of flat FedAvg's on the same seed; communication.csv: per scheme.
 
-Writes those CSVs and tier_speed.md, time_to_fedavg.md, communication.md (the tables with their captions,
+Writes those CSVs and tier_speed.md, time_to_fedavg.md, curves.md, communication.md (the tables with their captions,
 generated, never edited by hand; the README includes them).
 """
 
@@ -189,6 +190,19 @@ def communication(runs: list[dict]) -> pd.DataFrame:
     return df
 
 
+def curves(runs: list[dict]) -> pd.DataFrame:
+    """Each scheme's quality curve: fd_fmnist on the 200 curve noises, geometric mean over seeds per round of
+    client training (a hierarchical run's cloud round r is client round r x edge_rounds)."""
+    rows = []
+    for run in runs:
+        per = int(run["cfg"]["system"].get("edge_rounds", 1)) if run["edges"] else 1
+        rows += [{"scheme": run["label"], "round": int(p["round"]) * per, "value": p["value"]} for p in run["curve"]]
+    df = pd.DataFrame(rows)
+    table = df.groupby(["scheme", "round"])["value"].apply(lambda v: float(np.exp(np.log(v).mean()))).unstack("round")
+    table.columns = [f"round {c}" for c in table.columns]
+    return table.reset_index()
+
+
 def _md(df: pd.DataFrame, fmt: dict[str, str]) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
@@ -221,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     rule = sign_rule(times)
     rule_bench = sign_rule(times, "bench_units")
     comm = communication(runs)
+    curve = curves(runs)
     summary = (comm.groupby("scheme", sort=False)
                .agg(runs=("seed", "size"), total_bits=("total_bits", "median"), edge_link_bits=("edge_link_bits", "median"),
                     fraction_of_fedavg=("fraction_of_fedavg", "mean")).reset_index())
@@ -234,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     times.to_csv(args.out / "time_to_fedavg.csv", index=False)
     rule.to_csv(args.out / "time_rule.csv", index=False)
     rule_bench.to_csv(args.out / "time_rule_bench.csv", index=False)
-    comm.to_csv(args.out / "communication.csv", index=False)
+    comm.to_csv(args.out / "communication_runs.csv", index=False)
+    summary.to_csv(args.out / "communication.csv", index=False)
+    curve.to_csv(args.out / "curves.csv", index=False)
     pages = {
         "tier_speed.md": [
             "images/s = local steps x batch / the client's measured training seconds (one thread, the grid's two "
@@ -269,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
             "different loads.",
             "",
             _md(rule_bench, {"p_one_sided": ".3f"}),
+        ],
+        "curves.md": [
+            "fd_fmnist on the quality curve's 200 fixed noises, geometric mean over the seeds, by round of client "
+            "training (the hierarchical cells' cloud round r is client round 2r); round 0 is the initial model.",
+            "",
+            _md(curve, {c: ".0f" for c in curve.columns if c.startswith("round")}),
         ],
         "communication.md": [
             "Every bit sent, up and down, clients <-> edges (or the server) and edges <-> cloud: the median per run, "

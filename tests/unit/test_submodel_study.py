@@ -54,5 +54,5 @@ def test_the_committed_tables_are_what_the_committed_runs_give(tmp_path):
     if not (FOLDER / "tier_speed.csv").is_file():
         pytest.fail("results/cpu-submodels/tier_speed.csv is not committed: run `make bench-cpu-submodels`")
     assert study.main(["--runs", str(FOLDER / "runs"), "--out", str(tmp_path)]) == 0
-    for name in ("tier_speed.md", "time_to_fedavg.md", "communication.md", "time_rule.csv", "communication.csv"):
+    for name in ("tier_speed.md", "time_to_fedavg.md", "curves.md", "communication.md", "time_rule.csv", "communication.csv"):
         assert (tmp_path / name).read_text() == (FOLDER / name).read_text(), name
