@@ -175,7 +175,7 @@ bench-confirmatory: $(VENV)/.installed ## issue 54's confirmatory re-runs on fre
 	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory.claims.toml before the first
 	@# cell: the report checks that every run started after the claims file's last commit and exits 1 if not
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory/confirmatory.toml --download --workers $(CPU_WORKERS) --out results/confirmatory/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --claims results/confirmatory/confirmatory.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --reference 'experts?mixing=full' --claims results/confirmatory/confirmatory.claims.toml && exit $$status
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it

@@ -495,9 +495,12 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     """The block's settings as the verdicts see them: per seed the metric, the run's own interval and
     its pairing records (partition, initial model, evaluation noises). Every untrained baseline is there,
     the reference method's first: a setting's floor is the first that pairs with it (`verdicts.untrained_of`),
-    so a block of two widths tests each against its own width's untrained model."""
+    so a block of two widths tests each against its own width's untrained model. A block without a setting
+    `reference` names (a study whose blocks hold different methods) is compared with the reference method."""
     out: list[verdicts.Setting] = []
     names = setting_names(block) if names is None else names  # row -> page name (the caller's, when it has them)
+    if not any(is_reference(block.loc[i], reference, names.get(i)) for i in block.index):
+        reference = reference_method()  # the named reference is not in this block: its blocks meet the plain one
     # the reference method's untrained models first: a setting is tested against the first that pairs with it
     order = sorted(block.index, key=lambda i: not (bool(block.at[i, "baseline"]) and block.at[i, "method"] == reference))
     for idx in order:
