@@ -197,12 +197,7 @@ def _git(repo: Path, *args: str, at: float = COMMITTED) -> str:
 
 def _committed_claims(tmp_path: Path, monkeypatch, body: str = "preregistered = true\n" + GOOD) -> tuple[Path, str]:
     """A claims file committed in a new repository at COMMITTED; (its path, the short hash)."""
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above tmp_path is seen
-    repo = tmp_path / "repo"
-    repo.mkdir(parents=True)
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.name", "Test")
-    _git(repo, "config", "user.email", "test@example.org")
+    repo = _repo(tmp_path, monkeypatch)
     path = repo / "study.claims.toml"
     path.write_text(body)
     _git(repo, "add", path.name)
