@@ -602,7 +602,9 @@ def _cells_of(cells: Sequence[Cell], spec: str, where: Mapping[str, Any] | None 
         picked = []
         for c in cells:
             given = dict(c.cfg.method_params)
-            if c.cfg.method == name and c.cfg.train.rounds > 0 and all(k in given and _same(given[k], v) for k, v in params.items()):
+            if c.cfg.method == name and c.cfg.train.rounds > 0 and all(
+                    _same(_config_value(c.cfg, k), v) if "." in k else (k in given and _same(given[k], v))
+                    for k, v in params.items()):  # a "section.key" parameter is a config key (fedavg?train.lr=0.002)
                 picked.append(c)
     return [c for c in picked if all(_same(_config_value(c.cfg, k), v) for k, v in where.items())]
 
