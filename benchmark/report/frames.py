@@ -512,6 +512,70 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     return out
 
 
+DECIDED = ("better", "worse", "equivalent")  # a paired verdict that decides a contrast
+# what the paired column adds (issue 54, items 1 and 4): the same contrast on each independent check of the ranking
+# metric (`metrics.table.independent_checks`), whether they agree, and whether the two settings had the same budget
+ACROSS_COLUMNS = ("other_metrics", "metrics_agree", "budget")
+
+
+def _lean(metric: str, estimate: float, scale: str) -> str | None:
+    """Which way a paired estimate points, decided or not: the setting better or worse than its reference."""
+    if not math.isfinite(estimate) or estimate == (1.0 if scale == "log" else 0.0):
+        return None
+    lower = (estimate < 1.0) if scale == "log" else (estimate < 0.0)
+    return "better" if lower == (better(metric) != "higher") else "worse"
+
+
+def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, checks: Sequence[str],
+                    found: Mapping[str, Mapping[str, Any]], reference: str, names: Mapping[Any, str],
+                    margin: float) -> dict[str, dict[str, str]]:
+    """group_key -> `ACROSS_COLUMNS` for each setting with a paired verdict on `primary` (`found`): its contrast with
+    the same reference re-decided on every metric of `checks` (Holm over the block per metric, as the primary),
+    "agree" when every metric decides it the same way, "metric-dependent" when only some decide it or their
+    estimates point different ways, "undecided" when none decides it; and the budget of the two settings
+    (`budget.compare`)."""
+    from dfbench.benchmark.report import budget
+
+    per_metric: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for m in checks:
+        settings = block_settings(block, runs, m, reference, names)
+        scale = metric_table.scale(m)
+        if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
+            scale = "difference"
+        per_metric[m] = {k: {**v, "_scale": scale} for k, v in verdicts.block_verdicts(
+            settings, scale=scale, lower_better=better(m) != "higher", margin=margin).items()}
+    primary_scale = metric_table.scale(primary)
+    out: dict[str, dict[str, str]] = {}
+    for key, row in found.items():
+        verdict, ref = row.get("verdict"), row.get("reference")
+        if verdict not in DECIDED + ("inconclusive", "undecidable") or not ref or ref == key:
+            continue
+        said, verdicts_seen, leans = [], [verdict], [_lean(primary, float(row.get("estimate", math.nan)), primary_scale)]
+        for m in checks:
+            other = per_metric[m].get(key)
+            if not other or other.get("reference") != ref or other.get("verdict") in (None, "", "reference"):
+                said.append(f"{m} not recorded")
+                continue
+            est, v = float(other.get("estimate", math.nan)), str(other["verdict"])
+            ratio = other["_scale"] == "log"
+            shown = (f"×{est:.3g}" if ratio else f"{est:+.3g}") if math.isfinite(est) else ""
+            said.append(" ".join(x for x in (m, shown, "undecidable (no spread)" if v == "undecidable" else v) if x))
+            verdicts_seen.append(v)
+            leans.append(_lean(m, est, other["_scale"]))
+        if not checks:
+            agree = ""
+        elif all(v in DECIDED for v in verdicts_seen) and len(set(verdicts_seen)) == 1 and len(verdicts_seen) > 1:
+            agree = "agree"
+        elif any(v in DECIDED for v in verdicts_seen) or len({x for x in leans if x is not None}) > 1:
+            agree = "metric-dependent"
+        else:
+            agree = "undecided"
+        sides = [runs[runs["group_key"] == k] for k in (key, ref)]
+        out[key] = {"other_metrics": "; ".join(said), "metrics_agree": agree,
+                    "budget": budget.compare(sides) if all(len(s) for s in sides) else ""}
+    return out
+
+
 def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.DataFrame | None = None, *,
                        reference: str | None = None, margin: float = verdicts.MARGIN) -> pd.DataFrame:
     """Per dataset/partition block: primary metric, paired verdicts against `reference` (None: the reference
@@ -526,6 +590,8 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
         table[col] = pd.Series([default] * len(table), index=table.index, dtype=object)
     table["compression_ratio"] = math.nan
     table["compression_ref"] = None
+    for col in ACROSS_COLUMNS:
+        table[col] = ""
     for _, block in table.groupby(["dataset", "partition"], sort=False):
         present = [m for m in metrics if block[f"{m}_n"].gt(0).any()]
         primary = primary_metric(present)
@@ -540,9 +606,14 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
             found = verdicts.block_verdicts(settings, scale=scale,
                                             lower_better=better(primary) != "higher", margin=margin)
             setting_of = {str(block.at[i, "group_key"]): names[i] for i in block.index}
+            checks = [m for m in metric_table.independent_checks(str(block["dataset"].iloc[0]))
+                      if m != primary and m in present]
+            across = _across_metrics(block, runs, primary, checks, found, reference, names, margin)
             for idx, row in block.iterrows():
                 for col, value in found.get(str(row["group_key"]), {}).items():
                     table.at[idx, col] = setting_of.get(value, value) if col == "reference" else value
+                for col, value in across.get(str(row["group_key"]), {}).items():
+                    table.at[idx, col] = value
         plain_rows = block[(block["method"] == plain) & ~block["baseline"]]  # the reference method's trained settings
         for idx, row in block.iterrows():
             if row["baseline"] or plain_rows.empty or not row["uplink_mb_mean"] > 0:

@@ -406,6 +406,10 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
             own = str(r.get("reference"))
             if text and r.get("verdict") != "reference" and own in labels.values() and own != reference_label:
                 text += f" (vs {own})"  # compared with the reference setting of its own budget
+            if text and _cell(r, "metrics_agree") == "metric-dependent":
+                text += " · metric-dependent"  # the independent checks do not all agree (the table below)
+            if text and _cell(r, "budget").startswith("unequal"):
+                text += " · unequal budget"
             return text
         lead.append(column(f"vs {reference_label} (paired)", verdict_cell, verdict_cell, False))
     if flags_shown:
@@ -484,6 +488,10 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
                                       f"drift: distance of the final model's samples from {plain}'s on the same noise; "
                                       "γ*, W2: the bound terms of the pruning study; means over seeds."))
 
+    if verdicts_shown and primary and block.apply(lambda r: bool(_cell(r, "metrics_agree") or _cell(r, "budget")),
+                                                  axis=1).any():
+        secondary.append(_across_table(block, labels, primary, reference_label))
+
     agreed = meta.agreement.get(block_title(dataset, partition))
     suffix = ""
     if agreed and agreed.get("rows"):
@@ -539,6 +547,40 @@ def labels_by_key(block: pd.DataFrame) -> dict[str, str]:
     """group_key -> the page's name of each setting of a block (the aggregated table with its group_key)."""
     labels = setting_names(block)
     return {str(block.at[i, "group_key"]): labels[i] for i in block.index}
+
+
+def _cell(row: Mapping[str, Any], col: str) -> str:
+    """A text column of leaderboard.csv as text ("" for none: a CSV read back gives NaN)."""
+    value = row.get(col)
+    return value if isinstance(value, str) else ""
+
+
+def _across_table(block: pd.DataFrame, labels: Mapping[int, str], primary: str, reference: str) -> Table:
+    """"Paired verdicts on every metric": each contrast of the paired column re-decided on the declared independent
+    checks (frames.ACROSS_COLUMNS), whether the metrics agree, and whether the two settings had the same budget."""
+    rows, keys = [], []
+    for idx, r in block.iterrows():
+        agree, budget = _cell(r, "metrics_agree"), _cell(r, "budget")
+        if not (agree or budget):
+            continue
+        rank, rank_key = _rank_cell(r)
+        verdict = str(r.get("verdict") or "")
+        est = to_float(r.get("estimate"))
+        ratio = metric_table.scale(primary) == "log"
+        shown = "" if math.isnan(est) else (f"×{fmt_number(est, 3)}" if ratio else f"{est:+.3g}")
+        cells = [rank, labels[idx], f"{primary} {shown} {verdict}".replace("  ", " ").strip(),
+                 _cell(r, "other_metrics"), agree or "–", budget or "–"]
+        rows.append(cells)
+        keys.append([rank_key, *cells[1:]])
+    note = (f"Each setting's contrast with {reference} (the paired column) tested the same way on each independent "
+            "check of the ranking metric (declared once: benchmark/metrics/table.py INDEPENDENT_CHECKS), Holm over the "
+            "block per metric. agree: every metric decides it the same way; metric-dependent: only some decide it, "
+            "or their estimates point different ways (the paired column then says so); undecided: none decides it. "
+            "budget: the client work (images trained on by clients, in full-model units) and the rounds of the two "
+            "settings; a contrast of unequal budgets compares recipes, not methods at equal cost.")
+    return Table("Paired verdicts on every metric", ["rank", "setting", "ranking metric", "independent checks",
+                                                     "metrics agree", "budget"], rows, keys, note=note,
+                 numeric=[True, False, False, False, False, False])
 
 
 def _agreement_table(agreed: Mapping[str, Any]) -> tuple[Table, str]:

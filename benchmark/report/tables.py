@@ -42,7 +42,7 @@ CSV_LEAD = ["dataset", "partition", "method", "params", "setting", "baseline", "
 # the paired verdicts of each setting against the block's reference (benchmark/report/verdicts.py)
 VERDICT_COLS = ["reference", "verdict", "estimate", "estimate_low", "estimate_high", "paired_seeds", "wins", "p", "p_holm",
                 "p_equivalence", "p_equivalence_holm", "margin", "seeds_to_decide", "verdict_note", "floor",
-                "p_untrained_holm", "floor_note", "collapsed", "collapse_seeds"]
+                "p_untrained_holm", "floor_note", "collapsed", "collapse_seeds", "other_metrics", "metrics_agree", "budget"]
 
 
 def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:

@@ -220,7 +220,7 @@ def test_preregistered_claims_hold_when_every_run_started_after_their_commit(tmp
     C.write_claims(runs, path, tmp_path / "out", "fd_fmnist")
     md = (tmp_path / "out" / "claims.md").read_text()
     line = f"Pre-registered: claims committed in {commit} at 2030-01-01 00:00:00 UTC; all 16 runs started after it."
-    assert f"\n\n{line}\n\n| claim |" in md
+    assert f"\n\n{line}\n\n**Registration (from git):** " in md and "\n\n| claim |" in md.split(line)[1]
     # the README's block is the table (with its registration from git) without the pre-registration line
     assert md.endswith(C.to_markdown(*C.decide_file(runs, path, "fd_fmnist", tmp_path / "out" / "runs.csv")))
 
@@ -578,8 +578,23 @@ def test_a_readme_check_without_git_takes_the_registration_claims_csv_recorded(t
     readme.write_text(f"# Study\n\n{C.BEGIN}\nold\n{C.END}\n")
     study_claims.refresh(readme, _claims(tmp_path, GOOD))
     assert "unchecked (not a git checkout)" in readme.read_text()
+    before = C.registration_summary(pd.read_csv(study / "claims.csv"))
     pd.read_csv(study / "claims.csv").assign(registration="confirmatory").to_csv(study / "claims.csv", index=False)
-    readme.write_text(readme.read_text().replace("unchecked (not a git checkout)", "confirmatory"))
+    after = C.registration_summary(pd.read_csv(study / "claims.csv"))  # the sentence above the table follows the cells
+    readme.write_text(readme.read_text().replace(before, after).replace("unchecked (not a git checkout)", "confirmatory"))
     assert study_claims.stale_blocks(readme) == []
     readme.write_text(readme.read_text().replace("| confirmatory |", "| exploratory (claims after runs) |", 1))
     assert study_claims.stale_blocks(readme) == ["claims block: differs from the claims decided from runs.csv"]
+
+
+def test_the_registration_summary_names_the_confirmatory_and_the_exploratory_claims():
+    def table(cells):
+        return pd.DataFrame({"id": [f"c{i}" for i in range(len(cells))], "registration": cells})
+
+    said = C.registration_summary(table(["confirmatory", "exploratory (claims after runs)", "confirmatory"]))
+    assert said == ("**Registration (from git):** 2 of 3 confirmatory (c0, c2); 1 exploratory (c1; the registration "
+                    "column says why).")
+    assert "all 2 claims are exploratory" in C.registration_summary(table(["exploratory (a)", "exploratory (b)"]))
+    assert "all 2 claims are confirmatory" in C.registration_summary(table(["confirmatory", "confirmatory"]))
+    unchecked = C.registration_summary(table(["confirmatory", "unchecked (a shallow clone)"]))
+    assert unchecked.endswith("1 of 2 confirmatory (c0); 1 unchecked (c1).")

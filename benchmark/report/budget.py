@@ -1,0 +1,53 @@
+"""Whether two settings had the same training budget: the client work (images trained on by clients, in
+full-model units) and the rounds of client training (issue 54, item 4). A claim's `budget` column
+(`claims.decide`) and a leaderboard contrast's (`frames`, the paired column) both say it from here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+UNEQUAL = "unequal budget"  # how a budget cell starts when A and B differ in client work or rounds
+
+
+def client_rounds(s: pd.DataFrame) -> pd.Series:
+    """Rounds of client training per run: cfg.rounds, times cfg.edge_rounds under edge servers (cfg.edges > 0),
+    where train.rounds counts cloud rounds of edge_rounds client rounds each."""
+    out = pd.to_numeric(s["cfg.rounds"], errors="coerce")
+    if "cfg.edges" in s and "cfg.edge_rounds" in s:
+        edges = pd.to_numeric(s["cfg.edges"], errors="coerce").fillna(0)
+        out = out * pd.to_numeric(s["cfg.edge_rounds"], errors="coerce").fillna(1).where(edges > 0, 1)
+    return out
+
+
+def compare(sides: Sequence[pd.DataFrame]) -> str:
+    """"equal", or "unequal budget (client work A: ..., B: ...; rounds A: ..., B: ...)" for the per-run rows of two
+    settings A and B. Client work is runs.csv's client_images where every run records it, else rounds x
+    local_steps x batch_size x clients x participation from the config columns; each side's mean."""
+    rows = pd.concat(list(sides))
+    work: list[float] = []
+    if "client_images" in rows and pd.to_numeric(rows["client_images"], errors="coerce").notna().all():
+        work = [float(pd.to_numeric(s["client_images"]).mean()) for s in sides]
+    else:
+        needed = ["cfg.rounds", "cfg.local_steps", "cfg.batch_size", "cfg.clients"]
+        if all(c in rows for c in needed):
+            def per_run(s: pd.DataFrame) -> pd.Series:
+                out = client_rounds(s)
+                for c in needed[1:] + (["cfg.participation"] if "cfg.participation" in s else []):
+                    out = out * pd.to_numeric(s[c], errors="coerce")
+                return out
+            if all(per_run(s).notna().all() for s in sides):
+                work = [float(per_run(s).mean()) for s in sides]
+    rounds = [float(client_rounds(s).mean()) for s in sides] if "cfg.rounds" in rows else []
+    rounds = rounds if all(math.isfinite(r) for r in rounds) else []
+    if not work and not rounds:
+        return "not recorded (no client_images, no cfg.rounds)"
+    differ = []
+    if work and not math.isclose(work[0], work[1], rel_tol=0.01):
+        differ.append(f"client work A: {work[0]:,.0f}, B: {work[1]:,.0f}")
+    if rounds and not math.isclose(rounds[0], rounds[1], rel_tol=1e-9):
+        differ.append(f"rounds A: {rounds[0]:g}, B: {rounds[1]:g}")
+    return f"{UNEQUAL} ({'; '.join(differ)})" if differ else "equal"
