@@ -532,7 +532,8 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, check
     """group_key -> `ACROSS_COLUMNS` for each setting with a paired verdict on `primary` (`found`): its contrast with
     the same reference re-decided on every metric of `checks` (Holm over the block per metric, as the primary),
     "agree" when every metric decides it the same way, "metric-dependent" when only some decide it or their
-    estimates point different ways, "undecided" when none decides it; and the budget of the two settings
+    estimates point different ways, "undecided" when none decides it, "not tested (one seed)" on a single paired
+    seed; and the budget of the two settings
     (`budget.compare`)."""
     from dfbench.benchmark.report import budget
 
@@ -564,6 +565,8 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, check
             leans.append(_lean(m, est, other["_scale"]))
         if not checks:
             agree = ""
+        elif not float(row.get("paired_seeds") or 0) > 1:
+            agree = "not tested (one seed)"  # no spread, no test: which way single runs point decides nothing
         elif all(v in DECIDED for v in verdicts_seen) and len(set(verdicts_seen)) == 1 and len(verdicts_seen) > 1:
             agree = "agree"
         elif any(v in DECIDED for v in verdicts_seen) or len({x for x in leans if x is not None}) > 1:

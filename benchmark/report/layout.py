@@ -575,7 +575,8 @@ def _across_table(block: pd.DataFrame, labels: Mapping[int, str], primary: str, 
     note = (f"Each setting's contrast with {reference} (the paired column) tested the same way on each independent "
             "check of the ranking metric (declared once: benchmark/metrics/table.py INDEPENDENT_CHECKS), Holm over the "
             "block per metric. agree: every metric decides it the same way; metric-dependent: only some decide it, "
-            "or their estimates point different ways (the paired column then says so); undecided: none decides it. "
+            "or their estimates point different ways (the paired column then says so); undecided: none decides it; "
+            "not tested: one paired seed, no spread to test. "
             "budget: the client work (images trained on by clients, in full-model units) and the rounds of the two "
             "settings; a contrast of unequal budgets compares recipes, not methods at equal cost.")
     return Table("Paired verdicts on every metric", ["rank", "setting", "ranking metric", "independent checks",

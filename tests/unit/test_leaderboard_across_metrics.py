@@ -87,3 +87,15 @@ def test_budget_compare_prefers_recorded_client_work_and_counts_edge_rounds():
     assert budget.compare([a, b]) == "equal"  # 2 cloud rounds x 3 edge rounds = 6 client rounds; work within 1 %
     c = b.assign(client_images=[150.0, 150.0], **{"cfg.rounds": [5, 5]})
     assert budget.compare([a, c]) == "unequal budget (client work A: 100, B: 150; rounds A: 6, B: 5)"
+
+
+def test_a_single_paired_seed_is_not_tested_across_metrics_either(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "s0-fa", seed=0, evaluations=[fd(100.0), _loss(0.5)])
+    make_run(runs, "s0-fp", seed=0, method="fedprox", params={"mu": 0.01}, evaluations=[fd(50.0), _loss(0.6)])
+    data = collect(runs)
+    row = _row(data, "fedprox")
+    assert row["metrics_agree"] == "not tested (one seed)" and "denoise_loss ×1.2" in row["other_metrics"]
+    (sec,) = sections(data.table, data.metrics, PageMeta(), {})
+    col = next(i for i, h in enumerate(sec.main.headers) if h.endswith("(paired)"))
+    assert not any("metric-dependent" in r[col] for r in sec.main.rows)
