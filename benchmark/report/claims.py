@@ -476,11 +476,12 @@ def registration_summary(table: pd.DataFrame) -> str:
         kinds.setdefault(kind, []).append(str(r["id"]))
     n = len(table)
     conf, expl = kinds.pop("confirmatory", []), kinds.pop("exploratory", [])
+    every = "both" if n == 2 else f"all {n}"
     if conf and not expl and not kinds:
-        text = (f"all {n} claims are confirmatory (committed before their runs, on seeds that did not grow, "
+        text = (f"{every} claims are confirmatory (committed before their runs, on seeds that did not grow, "
                 "at equal budgets or with the confound declared)" if n > 1 else "the claim is confirmatory")
     elif expl and not conf and not kinds:
-        text = (f"all {n} claims are exploratory" if n > 1 else "the claim is exploratory") + (
+        text = (f"{every} claims are exploratory" if n > 1 else "the claim is exploratory") + (
             " (the registration column says why): read them as hypotheses for a confirmatory re-run, not as results")
     else:
         parts = []

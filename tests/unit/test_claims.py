@@ -594,7 +594,7 @@ def test_the_registration_summary_names_the_confirmatory_and_the_exploratory_cla
     said = C.registration_summary(table(["confirmatory", "exploratory (claims after runs)", "confirmatory"]))
     assert said == ("**Registration (from git):** 2 of 3 confirmatory (c0, c2); 1 exploratory (c1; the registration "
                     "column says why).")
-    assert "all 2 claims are exploratory" in C.registration_summary(table(["exploratory (a)", "exploratory (b)"]))
-    assert "all 2 claims are confirmatory" in C.registration_summary(table(["confirmatory", "confirmatory"]))
+    assert "both claims are exploratory" in C.registration_summary(table(["exploratory (a)", "exploratory (b)"]))
+    assert "all 3 claims are confirmatory" in C.registration_summary(table(["confirmatory"] * 3))
     unchecked = C.registration_summary(table(["confirmatory", "unchecked (a shallow clone)"]))
     assert unchecked.endswith("1 of 2 confirmatory (c0); 1 unchecked (c1).")
