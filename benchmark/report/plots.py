@@ -164,6 +164,13 @@ def _dodged(panel: pd.DataFrame, labels: Sequence[str], log: bool, span: float, 
     return pd.Series(xv * 10 ** shift if log else xv + shift * (span or 1.0), index=panel.index)
 
 
+def _one_config(rows: pd.DataFrame) -> bool:
+    """Whether the rows (one label's points) share every config value but the partition: the same setting at
+    several x, which a line may join."""
+    cols = [c for c in rows.columns if c.startswith("cfg.") and c not in ("cfg.partition", "cfg.alpha", "cfg.grid")]
+    return all(rows[c].astype(str).nunique() <= 1 for c in cols)
+
+
 def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, path: Path, xlabel: str, note: str,
                            log_x: bool | None, connect: bool, ticks_at_values: bool,
                            positive_only: bool = True, colors: dict[str, Any] | None = None) -> Path | str:
@@ -201,7 +208,10 @@ def _points_with_intervals(table: pd.DataFrame, metrics: Sequence[str], x: str, 
             xp = pts["xp"]
             low = (pts["score"] - pts["score_low"]).clip(lower=0).fillna(0)
             high = (pts["score_high"] - pts["score"]).clip(lower=0).fillna(0)
-            ax.errorbar(xp, pts["score"], yerr=[low, high], fmt="-" if connect else "none", color=colors[label],
+            # a line joins one config across x only: a name shared by two configs in two blocks (each block
+            # names its settings by what differs there) would otherwise draw a trend no setting has
+            same = _one_config(pts)
+            ax.errorbar(xp, pts["score"], yerr=[low, high], fmt="-" if connect and same else "none", color=colors[label],
                         elinewidth=1, capsize=2, lw=1.2, alpha=0.9)
             for part, grp in pts.groupby("partition"):
                 ax.scatter(grp["xp"], grp["score"], color=colors[label], marker=markers[part], s=40, zorder=3,
