@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -188,6 +188,12 @@ bench-confirmatory-2-followup: $(VENV)/.installed ## exploratory follow-up of co
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-2/followup/followup.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-2/followup/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/confirmatory-2/followup/runs --out results/confirmatory-2/followup && \
 	$(BIN)/python results/confirmatory-2/followup/followup.py && exit $$status
+
+bench-confirmatory-3: $(VENV)/.installed ## issue 54's confirmatory re-run of Qiao et al.'s top-k vs random masks at keep 0.75 (seeds 701-719) and 0.25 (701-705), paper-fmnist's cells, claims pre-registered; 48 cells (~85 min on 2 cores), results in results/confirmatory-3/
+	@# one torch thread per worker, as for the exploratory runs; the report checks that every run started after the
+	@# claims file's last commit and exits 1 if not
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-3/confirmatory-3.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-3/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/confirmatory-3/runs --out results/confirmatory-3 --claims results/confirmatory-3/confirmatory-3.claims.toml && exit $$status
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it
