@@ -175,14 +175,16 @@ bench-confirmatory: $(VENV)/.installed ## issue 54's confirmatory re-runs on fre
 	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory.claims.toml before the first
 	@# cell: the report checks that every run started after the claims file's last commit and exits 1 if not
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory/confirmatory.toml --download --workers $(CPU_WORKERS) --out results/confirmatory/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --reference 'experts?mixing=full' --claims results/confirmatory/confirmatory.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --reference 'experts?mixing=full' --claims results/confirmatory/confirmatory.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/confirmatory && exit $$status
 
 bench-confirmatory-2: $(VENV)/.installed ## issue 54's second confirmatory batch, claims pre-registered: the server optimizers and SCAFFOLD vs the tuned FedAvg at Dirichlet 0.1 (cpu-aggregation's cells, seeds 501-508), the adopted recipe vs the old one (cpu-recipe's, 501-505); 58 cells (~50-60 min on 2 cores), results in results/confirmatory-2/
 	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory-2.claims.toml before the first
 	@# cell: the report checks that every run started after the claims file's last commit and exits 1 if not.
 	@# The leaderboard's reference is each block's batch-32 FedAvg: the tuned FedAvg at Dirichlet 0.1, the old recipe at 0.5
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-2/confirmatory-2.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-2/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
-	$(BIN)/dfbench report --runs results/confirmatory-2/runs --out results/confirmatory-2 --reference 'fedavg?train.batch_size=32' --claims results/confirmatory-2/confirmatory-2.claims.toml && exit $$status
+	$(BIN)/dfbench report --runs results/confirmatory-2/runs --out results/confirmatory-2 --reference 'fedavg?train.batch_size=32' --claims results/confirmatory-2/confirmatory-2.claims.toml && \
+	$(BIN)/python -m dfbench.benchmark.studies.speed results/confirmatory-2 && exit $$status
 
 bench-confirmatory-2-followup: $(VENV)/.installed ## exploratory follow-up of confirmatory-2: the server optimizers' eta at Dirichlet 0.1 and 18 rounds, seeds 601-603 (39 cells, ~30 min on 2 cores), results/confirmatory-2/followup/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-2/followup/followup.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-2/followup/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \

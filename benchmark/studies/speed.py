@@ -58,8 +58,14 @@ def summarize(runs: pd.DataFrame, found: dict[str, dict[str, object]]) -> pd.Dat
         raise ValueError("runs.csv has no run_id column: write it with `dfbench report --runs RUNS --out STUDY`")
     runs = runs.copy()  # runs.csv read back is a fragmented frame
     runs["label"] = pd.Series(setting_names(runs), dtype=object)
+    # a setting is its group_key: a page names settings by what differs inside their block, so two blocks may
+    # give different settings one name (confirmatory-2's "fedavg" at two partitions); those say their partition
+    key = "group_key" if "group_key" in runs else "label"  # a runs.csv without group_key: the names decide
+    keys = runs.groupby("label")[key].nunique()
+    runs["label"] = [f"{r['label']} ({r['partition']})" if keys[r["label"]] > 1 else r["label"] for _, r in runs.iterrows()]
     rows = []
-    for label, grp in runs[~runs.apply(is_baseline, axis=1)].groupby("label", sort=False):
+    for _, grp in runs[~runs.apply(is_baseline, axis=1)].groupby(key, sort=False):
+        label = grp["label"].iloc[0]
         got = [found[str(r)] for r in grp["run_id"] if str(r) in found]
         if not got:
             continue

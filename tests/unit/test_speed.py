@@ -48,3 +48,26 @@ def test_refuses_a_study_without_runs_csv_or_timed_runs(tmp_path, capsys):
                   "partition": ["iid"], "params": [""]}).to_csv(tmp_path / "runs.csv", index=False)
     assert S.main([str(tmp_path)]) == 2
     assert "records client_images" in capsys.readouterr().err
+
+
+def test_two_settings_one_name_in_two_blocks_stay_two_rows_that_say_their_partition(tmp_path):
+    # prepare: "fedavg" names one config at dirichlet:0.1 (2 runs) and another at dirichlet:0.5 (1 run), as in
+    # results/confirmatory-2, where each block names its settings by what differs inside it
+    rows = []
+    for i, (partition, key, seconds) in enumerate([("dirichlet:0.1", "a", 10.0), ("dirichlet:0.1", "a", 30.0),
+                                                   ("dirichlet:0.5", "b", 100.0)]):
+        rid = f"s{i}-{i:010d}"
+        folder = tmp_path / "runs" / "fmnist" / partition.replace(":", "-") / "fedavg" / rid
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "metrics.json").write_text(json.dumps({"client_images": 1000.0, "train_wall_seconds": seconds}))
+        rows.append({"run_id": rid, "method": "fedavg", "seed": i, "baseline": False, "dataset": "fmnist",
+                     "partition": partition, "params": "", "group_key": key})
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    # execute
+    assert S.main([str(tmp_path)]) == 0
+    # assert: one row per setting, medians by hand (100 and 33.3 images/s -> 66.7; 10 images/s)
+    t = pd.read_csv(tmp_path / "speed.csv").set_index("setting")
+    assert list(t.index) == ["fedavg (dirichlet:0.1)", "fedavg (dirichlet:0.5)"]
+    assert t.loc["fedavg (dirichlet:0.1)", "runs"] == 2 and t.loc["fedavg (dirichlet:0.1)", "images_per_s"] == pytest.approx(200 / 3)
+    assert t.loc["fedavg (dirichlet:0.5)", "images_per_s"] == pytest.approx(10.0)
