@@ -25,6 +25,7 @@ from dfbench.benchmark.core.config import SECTIONS, experiment_schema
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import recorded_drift
 from dfbench.benchmark.metrics.uncertainty import FRECHET_WHAT, centred_method, recentre, t_interval
+from dfbench.benchmark.report import budget as budget_rule
 from dfbench.benchmark.report import verdicts
 from dfbench.benchmark.report.names import _present as present
 from dfbench.benchmark.report.names import CONFIG_DEFAULTS, reference_method, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
@@ -512,6 +513,17 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     return out
 
 
+def _block_verdicts(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str, names: Mapping[Any, str],
+                    margin: float) -> tuple[dict[str, dict[str, Any]], str]:
+    """(group_key -> the verdict columns against the reference on `metric`, the comparison scale used): a positive
+    metric by ratios, unless some score is at or below 0 (a foreign row), then by differences."""
+    settings = block_settings(block, runs, metric, reference, names)
+    scale = metric_table.scale(metric)
+    if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
+        scale = "difference"
+    return verdicts.block_verdicts(settings, scale=scale, lower_better=better(metric) != "higher", margin=margin), scale
+
+
 DECIDED = ("better", "worse", "equivalent")  # a paired verdict that decides a contrast
 # what the paired column adds (issue 54, items 1 and 4): the same contrast on each independent check of the ranking
 # metric (`metrics.table.independent_checks`), whether they agree, and whether the two settings had the same budget
@@ -526,7 +538,7 @@ def _lean(metric: str, estimate: float, scale: str) -> str | None:
     return "better" if lower == (better(metric) != "higher") else "worse"
 
 
-def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, checks: Sequence[str],
+def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, primary_scale: str, checks: Sequence[str],
                     found: Mapping[str, Mapping[str, Any]], reference: str, names: Mapping[Any, str],
                     margin: float) -> dict[str, dict[str, str]]:
     """group_key -> `ACROSS_COLUMNS` for each setting with a paired verdict on `primary` (`found`): its contrast with
@@ -535,17 +547,10 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, check
     estimates point different ways, "undecided" when none decides it, "not tested (one seed)" on a single paired
     seed; and the budget of the two settings
     (`budget.compare`)."""
-    from dfbench.benchmark.report import budget
-
     per_metric: dict[str, dict[str, Mapping[str, Any]]] = {}
     for m in checks:
-        settings = block_settings(block, runs, m, reference, names)
-        scale = metric_table.scale(m)
-        if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
-            scale = "difference"
-        per_metric[m] = {k: {**v, "_scale": scale} for k, v in verdicts.block_verdicts(
-            settings, scale=scale, lower_better=better(m) != "higher", margin=margin).items()}
-    primary_scale = metric_table.scale(primary)
+        found_m, scale = _block_verdicts(block, runs, m, reference, names, margin)
+        per_metric[m] = {k: {**v, "_scale": scale} for k, v in found_m.items()}
     out: dict[str, dict[str, str]] = {}
     for key, row in found.items():
         verdict, ref = row.get("verdict"), row.get("reference")
@@ -575,7 +580,7 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, check
             agree = "undecided"
         sides = [runs[runs["group_key"] == k] for k in (key, ref)]
         out[key] = {"other_metrics": "; ".join(said), "metrics_agree": agree,
-                    "budget": budget.compare(sides) if all(len(s) for s in sides) else ""}
+                    "budget": budget_rule.compare(sides) if all(len(s) for s in sides) else ""}
     return out
 
 
@@ -602,16 +607,11 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
         if primary is not None and runs is not None and len(runs):
             # Baselines are references, not contenders: they get no rank (verdicts.block_verdicts).
             names = setting_names(block)  # the reference by its page name: unique in the block, unlike its label
-            settings = block_settings(block, runs, primary, reference, names)
-            scale = metric_table.scale(primary)
-            if scale == "log" and not all(v > 0 for s in settings for v in s.values.values()):
-                scale = "difference"  # a "positive" score at or below 0 (a foreign row): compared by differences
-            found = verdicts.block_verdicts(settings, scale=scale,
-                                            lower_better=better(primary) != "higher", margin=margin)
+            found, scale = _block_verdicts(block, runs, primary, reference, names, margin)
             setting_of = {str(block.at[i, "group_key"]): names[i] for i in block.index}
             checks = [m for m in metric_table.independent_checks(str(block["dataset"].iloc[0]))
                       if m != primary and m in present]
-            across = _across_metrics(block, runs, primary, checks, found, reference, names, margin)
+            across = _across_metrics(block, runs, primary, scale, checks, found, reference, names, margin)
             for idx, row in block.iterrows():
                 for col, value in found.get(str(row["group_key"]), {}).items():
                     table.at[idx, col] = setting_of.get(value, value) if col == "reference" else value
