@@ -1,7 +1,8 @@
 """Structured sub-models train at their own size (methods/base.DenseNetwork): the local step gathers the
 kept entries, trains the narrow network in a flat buffer of its own and scatters the result back. The
 reference is the sliced path (`LocalStep(mask, network=SubModel)`, which trains the full flat vector with
-a masked gradient): the same update, bitwise without clipping, and to float rounding with clipping (its
+a masked gradient): the same update to kernel rounding without clipping (bitwise on AVX-512 CPUs, a few ulps
+elsewhere: the narrow convolutions are other kernel calls), and to float rounding with clipping (its
 norm sums the same entries in another order), for HeteroFL (Scaler on and off), FedRolex's rolled
 window and FedPhD's pruned channels."""
 
@@ -34,6 +35,7 @@ def _train(ctx, plan, step: LocalStep, *, clip: float, prox: float = 0.0, correc
                        steps=3, gen=torch.Generator().manual_seed(11))
 
 
+UPDATE_RTOL = 1e-4  # relative difference of two updates computed by different (equally exact) kernels
 CASES = [("heterofl", {"rate": 0.5}, 1), ("heterofl", {"rate": 0.5, "scaler": False}, 1), ("fedrolex", {"rate": 0.5}, 3),
          ("fedphd", {}, 1)]
 
@@ -50,10 +52,16 @@ def test_the_dense_step_is_the_sliced_step(tiny_data, name, params, round_):
     # execute
     got = _train(ctx, plan, LocalStep(mask=plan.step.mask, network=plan.step.network, dense=dense), clip=0.0)
     ref = _train(ctx, plan, LocalStep(mask=plan.step.mask, network=plan.step.network), clip=0.0)
-    # assert: bit for bit, kept entries moved, the others are the start's
-    assert torch.equal(got.params, ref.params) and got.loss == ref.loss
+    # assert: the same update to kernel rounding, kept entries moved, the others are the start's bit for bit.
+    # The narrow network's convolutions are other kernel calls than the full one's (other shapes), and
+    # their accumulation order depends on the CPU: AVX-512 kernels happen to agree bit for bit, AVX2 ones
+    # (AMD Zen 3) differ in the last bits, which Adam's g / (|g| + eps) can amplify where a gradient is near
+    # eps. A wrong slice, a missing entry or a wrong scale moves the update by O(1) of its norm.
+    d_got, d_ref = got.params[kept] - plan.start[kept], ref.params[kept] - plan.start[kept]
+    assert float((d_got - d_ref).norm() / d_ref.norm()) < UPDATE_RTOL
+    assert got.loss == pytest.approx(ref.loss, rel=1e-5)
     assert torch.equal(got.params[~kept], plan.start[~kept]) and not torch.equal(got.params[kept], plan.start[kept])
-    assert got.sigma1_sq == pytest.approx(ref.sigma1_sq, rel=1e-9)
+    assert got.sigma1_sq == pytest.approx(ref.sigma1_sq, rel=1e-4)
 
 
 @pytest.mark.parametrize("name,params,round_", CASES[:1] + CASES[2:])
