@@ -149,6 +149,10 @@ class ClientPlan:
     trained_params: int | None = None  # parameters the client trains (its sub-model's size); None = all
     flop_fraction: float = 1.0  # the client's compute per sample relative to the full model
     version: int = 0  # the server version (round) `start` was built from; for asynchronous drivers
+    # float 0/1 [P]: the entries the client's local steps actually train this round, where that is less than
+    # `step.mask` (FjORD: the widest width it drew). Diagnostics only (Γ, the uncovered fraction, w²;
+    # docs/diagnostics.md): aggregation still reads the upload's mask. None = `step.mask` (the upload's mask).
+    trained_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -300,6 +304,10 @@ class Method:
     #: reference of the method's other settings in same-noise drift (benchmark/metrics/drift.py).
     #: None: no setting of the method is the dense model (its drift is measured against FedAvg).
     dense_param: ClassVar[str | None] = None
+    #: An anchor is a leaderboard row that trains nothing (e.g. the ground-truth mixtures' exact score used as
+    #: the network: the floor of every exact metric). `list_methods()` leaves anchors out (the method
+    #: contract and every "each method" test cover training methods); `list_methods(anchors=True)` has them.
+    anchor: ClassVar[bool] = False
 
     @dataclass(frozen=True)
     class Config:
@@ -421,6 +429,15 @@ class Method:
             rows.append(masked_weighted_mean(theta[g], acc["wsum"][g], acc["wcov"][g], wt, self.masked_mean).to(theta.dtype)
                         if wt > 0 else theta[g].clone())
         return ServerState(params=torch.stack(rows).reshape(state.params.shape), extra=state.extra)
+
+    # -- diagnostics ---------------------------------------------------------------------------------
+    def deployed_mask(self, state: ServerState, ctx: "MethodContext") -> torch.Tensor | None:
+        """The entries of the flat model the method deploys, i.e. that `sample` runs: float or bool 0/1 [P]
+        (or [G, P] per group); None (the default) = every entry. The bound's diagnostics (Γ, the uncovered
+        fraction, w²; docs/diagnostics.md) are taken over these entries only: an entry the deployed model
+        does not hold (a pruned channel) is neither uncovered nor a client's pruning. The round calls it
+        after the round's `client_view`s, on the state they saw; it must not change `state`."""
+        return None
 
     # -- the two-level topology (system.edges > 0: benchmark/engine/hierarchical.py) -----------------
     def assign_edges(self, clients: list[int], loads: Sequence[EdgeLoad], ctx: "MethodContext") -> list[int]:

@@ -50,7 +50,8 @@ an edge selection policy, and distributed structured pruning of the diffusion UN
    the initial model (`--train_scratch`); `prune_round = R` trains the full model for R cloud rounds
    first, then prunes it once, on the server, by the same criterion (their other mode trains those
    rounds with a sparsity regularizer, see below). Pruned entries stay in the flat vector, never trained
-   and never sent; sampling and the held-out loss run the pruned network.
+   and never sent; sampling and the held-out loss run the pruned network, and the bound's diagnostics
+   (Γ, the uncovered fraction, w²: `deployed_mask`, docs/diagnostics.md) count the pruned network's entries only.
 
 Bits: 32 per kept parameter each way on every link (client <-> edge: the plans and uploads; edge <-> cloud:
 `model_bits`, the engine's edge_uplink_bits / edge_downlink_bits); the kept channels are not sent (the
@@ -379,6 +380,12 @@ class FedPhD(Method):
         up = super().upload(local, plan, client, state, ctx)
         up.uplink_bits = FLOAT_BITS * int(plan.trained_params if plan.trained_params is not None else local.numel())
         return up
+
+    def deployed_mask(self, state: ServerState, ctx: "MethodContext") -> torch.Tensor | None:
+        """The pruned network's entries once pruned (what FedPhD deploys: its pruned channels are no part of the
+        model), else every entry. The bound's diagnostics count these only (docs/diagnostics.md)."""
+        keep = state.extra.get(KEEP_KEY)
+        return self._network(keep, ctx).mask if keep is not None else None
 
     def model_bits(self, state: ServerState, ctx: "MethodContext") -> int:
         """32 bits per parameter of the (pruned) model between the edges and the cloud."""

@@ -20,6 +20,12 @@ gets a zero gradient but may still move by Adam's momentum, as under any dropout
 paper trains with SGD, where it would not move). The paper's optional self-distillation from the
 p_max model (FjORD with KD) is not implemented.
 
+Diagnostics (docs/diagnostics.md): a client trains, in a round, the union of the prefixes it drew, i.e. the
+prefix of the widest width it drew (the plan's `trained_mask`; the local step runs every drawn width, one per
+step, which `OrderedDropout` enforces), so a unit beyond every drawn width is untrained that round even
+inside the prefix the client holds; Γ, the uncovered fraction and w² count that, over the network `sample`
+runs (`deployed_mask`, methods/heterofl.py: the prefix at `inference_rate`).
+
 A client holds and sends the prefix of the largest width it can draw, max P_i (= p_max when p_max
 is in P, as in the paper's tiers; a capacity between two widths trains the smaller one): 32 bits
 per parameter of that prefix each way; `trained_params` is its size. Capacities come from
@@ -159,8 +165,12 @@ class FjORD(WidthSubModels):
         if top >= 1.0:  # the client holds (and sends) the whole model
             plan = self.full_plan(state, client, ctx)
             plan.step.network, plan.flop_fraction = network, float(np.mean(flops))
-            return plan
-        return self.sub_plan(state, self.submodel(top, ctx), network=network, flop_fraction=float(np.mean(flops)))
+        else:
+            plan = self.sub_plan(state, self.submodel(top, ctx), network=network, flop_fraction=float(np.mean(flops)))
+        # what its steps train (the diagnostics' mask): the union of the drawn prefixes, i.e. the widest one's
+        widest = max(drawn, default=1.0)
+        plan.trained_mask = None if widest >= 1.0 else self.submodel(widest, ctx).mask
+        return plan
 
     def inference_rate(self, ctx: "MethodContext") -> float:
         """The largest width any client can draw (1.0, the full model, when a client has capacity 1)."""

@@ -49,6 +49,10 @@ benchmark). A parameter nobody holds keeps its value.
 Inference rule: samples come from the largest rate any client holds, with its training-time
 scaling (the same function the clients trained); with a rate-1 tier that is the full model.
 
+Diagnostics (docs/diagnostics.md): a client trains its window (the kept mask: HeteroFL's leading channels,
+FedRolex's window of the round); Γ, the uncovered fraction and w² are taken over the network `sample` runs
+(`deployed_mask`: the full model with a rate-1 tier, else the leading channels of the largest rate).
+
 Bits: 32 per kept parameter each way; no index is sent (the rate, fixed by the seeded tiers,
 determines the kept blocks). `rounds.jsonl` records each client's `trained_params` (the
 narrow network's parameter count) and `flop_fraction`, measured with
@@ -115,8 +119,10 @@ def _cat_blocks(net: nn.Module) -> dict[str, tuple[int, int]]:
     """Up-path ResBlocks of a UNet -> (width of h, width of the skip) of their cat([h, skip]) input.
 
     The UNet's up path (benchmark/engine/model.py) holds, per entry, either a residual block
-    (first module with conv1/conv2) or [Upsample, Conv2d].
+    (first module with conv1/conv2) or [Upsample, Conv2d]. The MLP has no up path: none.
     """
+    if not hasattr(net, "up"):
+        return {}
     out, cur = {}, net.mid[2].conv2.out_channels
     for i, blk in enumerate(net.up):
         if not isinstance(blk[0], nn.Upsample):
@@ -265,8 +271,8 @@ def build_submodel(ctx: "MethodContext", rate: float, scaler: bool = True, choos
     if not presets.width_aware(ctx.cfg.train.model):  # refused by WidthSubModels.check already; never a KeyError here
         raise TypeError(f"width sub-models slice the benchmark's UNet (benchmark/engine/model.py); train.model={ctx.cfg.train.model} is not one")
     spec = ctx.model_spec
-    if getattr(ctx.model, "base", None) != spec.channels or not hasattr(ctx.model, "up"):
-        raise TypeError("width sub-models slice the benchmark's UNet (benchmark/engine/model.py); ctx.model is not the preset's UNet")
+    if getattr(ctx.model, "base", None) != spec.channels or not hasattr(ctx.model, "time"):
+        raise TypeError("width sub-models slice the benchmark's UNet or MLP (benchmark/engine/model.py); ctx.model is not the preset's")
     width = narrow_width(spec.channels, rate)
     narrow = ctx.network_at_width(width)  # architecture only (meta device): functional_call supplies every parameter
     with torch.device("meta"):
@@ -362,6 +368,12 @@ class WidthSubModels(Method):
     def inference_rate(self, ctx: "MethodContext") -> float:
         """The width `sample` samples at (its leading channels); 1.0 = the full model."""
         return 1.0
+
+    def deployed_mask(self, state: ServerState, ctx: "MethodContext") -> torch.Tensor | None:
+        """The network `sample` runs: the leading channels at `inference_rate` (None: the full model). The bound's
+        diagnostics count these entries only (docs/diagnostics.md)."""
+        rate = self.inference_rate(ctx)
+        return None if rate >= 1.0 else self.submodel(rate, ctx).mask
 
     def velocity(self, params: torch.Tensor, ctx: "MethodContext") -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The network `sample` samples (`inference_rate`) as a velocity field."""

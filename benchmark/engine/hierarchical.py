@@ -32,7 +32,7 @@ both over the run.
 Row of a cloud round: the per-client lists hold one entry per aggregated update, edge round by edge
 round and edge by edge (a client trained in two edge rounds appears twice), with `client_edges` and
 `client_edge_rounds` beside them; loss, w2, sigma1 are means over those updates; gamma and the
-uncovered fraction count, per parameter, the updates that trained it in the whole cloud round;
+uncovered fraction count, per deployed parameter, the updates that trained it in the whole cloud round;
 sigma2 pools each aggregation's spread around its own mean. `edge_weights` are the cloud's w_e.
 
 Clock: the edges run side by side and their rounds one after another, so a cloud round lasts the
@@ -57,7 +57,7 @@ import torch
 from dfbench import methods
 from dfbench.benchmark.core.config import round_lr
 from dfbench.benchmark.engine.context import RunContext, sample_round_clients
-from dfbench.benchmark.engine.training import ClientsDone, RoundSums, _num, train_clients
+from dfbench.benchmark.engine.training import ClientsDone, RoundSums, _num, coverage, train_clients
 
 
 #: the rounds.jsonl fields of the edge <-> cloud links; the run's totals (metrics.json) sum them
@@ -163,9 +163,10 @@ def cloud_row(r: int, done: list[tuple[int, int, ClientsDone]], dropped: list[in
         return float(sum(float(S[name]) for S in sums))
 
     n_ok = sum(float(d.acc["d_n"].sum()) for _, _, d in done)
-    count = sum(d.acc["d_count"] for _, _, d in done) if done else None
+    count = sum(d.acc["d_trained"] for _, _, d in done) if done else None
     active = sum(d.acc["d_n"] for _, _, d in done) > 0 if done else None
-    gamma = int(count[active].min()) if n_ok and count is not None else 0
+    # over the entries the method deploys (the last aggregation's: a model pruned this round is counted pruned)
+    gamma, uncovered = coverage(count, active, done[-1][2].live) if n_ok and count is not None else (0, 1.0)
     # sigma_2^2 pooled over the aggregations, each around its own mean (their starts differ)
     spread, pooled_n = 0.0, 0.0
     for _, _, d in done:
@@ -194,7 +195,7 @@ def cloud_row(r: int, done: list[tuple[int, int, ClientsDone]], dropped: list[in
         "downlink_bits": int(total("downlink_bits")),
         "dropped_updates": int(total("nonfinite")),
         "gamma": gamma,
-        "uncovered_fraction": float((count[active] == 0).double().mean()) if n_ok and count is not None else 1.0,
+        "uncovered_fraction": uncovered,
         "w2": total("w2") / n_ok if n_ok else 0.0,
         "sigma1_sq": total("sigma1_sq") / total("sigma1_n") if total("sigma1_n") else None,
         "sigma2_sq": spread / pooled_n if n_ok >= 2 and pooled_n else None,

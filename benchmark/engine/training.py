@@ -69,12 +69,41 @@ def _diag_accumulator(state: methods.ServerState, ctx: RunContext) -> dict[str, 
     p = state.params.reshape(-1, ctx.layout.total)
     f64 = dict(dtype=torch.float64, device=p.device)
     return {
-        "d_count": torch.zeros_like(p),  # clients that trained each parameter
+        "d_count": torch.zeros_like(p),  # clients whose upload's mask holds each parameter (what is aggregated)
+        "d_trained": torch.zeros_like(p),  # clients that trained each parameter (ClientPlan.trained_mask): Γ, uncovered
         "d_usum": torch.zeros_like(p),  # sum of updates (unweighted), for sigma_2^2
         "d_usq": torch.zeros(p.shape[0], **f64),  # sum of ||update||^2
         "d_n": torch.zeros(p.shape[0], **f64),  # updates per group
         RoundSums.KEY: RoundSums.zeros(p.device),  # named scalars (ROUND_SUMS)
     }
+
+
+def live_row(live: torch.Tensor | None, g: int, total: int) -> torch.Tensor | None:
+    """Group `g`'s row of a method's deployed mask (`Method.deployed_mask`: [P] or [G, P]; None = every entry)."""
+    if live is None:
+        return None
+    rows = live.reshape(-1, total)
+    return rows[g] if rows.shape[0] > 1 else rows[0]
+
+
+def pruning_extent(theta: torch.Tensor, mask: torch.Tensor, live: torch.Tensor | None) -> float:
+    """w² of one client: ||theta - theta*m||^2 / ||theta||^2 over the deployed entries `live` (None: all)."""
+    if live is None:
+        return float((theta * (1 - mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30))
+    sq = theta.double().square() * live.double()
+    return float((sq * (1 - mask.double())).sum() / sq.sum().clamp_min(1e-30))
+
+
+def coverage(count: torch.Tensor, active: torch.Tensor, live: torch.Tensor | None) -> tuple[int, float]:
+    """Γ_r (the fewest clients that trained one deployed parameter) and the uncovered fraction (the share of
+    deployed parameters no client trained), over the groups that received updates (`active`, [G]);
+    `count` [G, P] counts the clients that trained each entry, `live` is `Method.deployed_mask` (None: all)."""
+    c = count[active]
+    if live is not None:
+        c = c[live.bool().expand_as(count)[active]]
+    if c.numel() == 0:
+        return 0, 1.0
+    return int(c.min()), float((c == 0).double().mean())
 
 
 def _num(x: float) -> float | None:
@@ -103,11 +132,13 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
 @dataclass
 class ClientsDone:
     """What one aggregation of given clients gives (`train_clients`): the server's new state, the
-    rounds.jsonl row of its diagnostics, and the all-reduced sums it was applied from."""
+    rounds.jsonl row of its diagnostics, the all-reduced sums it was applied from, and the entries the
+    method deploys (`Method.deployed_mask`, over which the row's Γ and uncovered fraction are taken)."""
 
     state: methods.ServerState
     row: dict[str, Any]
     acc: dict[str, torch.Tensor]
+    live: torch.Tensor | None = None  # the method's deployed mask in this aggregation (Method.deployed_mask)
 
 
 def train_clients(method: methods.Method, state: methods.ServerState, ctx: RunContext, r: int, clients: Sequence[int],
@@ -189,9 +220,10 @@ def train_clients(method: methods.Method, state: methods.ServerState, ctx: RunCo
     per_client = distributed.gather_dict(per_client, what=f"round {r}'s per-client gather")  # small; pickled
     late = distributed.gather_dict(late, what=f"round {r}'s late-client gather")
     round_seconds = clock.round_seconds([c.seconds for c in per_client.values()], bool(late))
+    live = method.deployed_mask(state, ctx)  # after the plans (a method may have pruned in client_view)
     state, row = close_round(method, state, acc, ctx, r, per_client, mechanisms)
     row.update(late_clients=sorted(late), round_seconds=round(round_seconds, 6), wall_seconds=round(time.perf_counter() - t0, 4))
-    return ClientsDone(state=state, row=row, acc=acc)
+    return ClientsDone(state=state, row=row, acc=acc, live=live)
 
 
 def add_upload(method: methods.Method, acc: dict[str, torch.Tensor], S: RoundSums, up: methods.Upload,
@@ -208,12 +240,17 @@ def add_upload(method: methods.Method, acc: dict[str, torch.Tensor], S: RoundSum
     g = up.group
     update = up.params - plan.start if up.mask is None else (up.params - plan.start) * up.mask
     acc["d_count"][g].add_(up.mask if up.mask is not None else 1.0)
+    # the bound's terms count what the client trained (its plan's trained_mask, else its upload's mask) over
+    # what the method deploys (Method.deployed_mask): docs/diagnostics.md
+    trained = plan.trained_mask if plan.trained_mask is not None else up.mask
+    acc["d_trained"][g].add_(trained if trained is not None else 1.0)
     acc["d_usum"][g].add_(update)
     acc["d_usq"][g] += update.double().square().sum()
     acc["d_n"][g] += 1
-    if plan.step.mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client
+    mask = plan.trained_mask if plan.trained_mask is not None else plan.step.mask
+    if mask is not None:  # w^2 = ||theta - theta*m||^2 / ||theta||^2 for this client, over the deployed entries
         theta = state.params.reshape(-1, ctx.layout.total)[g]
-        S.add("w2", float((theta * (1 - plan.step.mask)).double().square().sum() / theta.double().square().sum().clamp_min(1e-30)))
+        S.add("w2", pruning_extent(theta, mask, live_row(method.deployed_mask(state, ctx), g, ctx.layout.total)))
     S.add("loss", loss)
     if sigma1_sq is not None:
         S.add("sigma1_sq", sigma1_sq)
@@ -228,11 +265,11 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
     mechanism_fields: dict[str, Any] = {}
     for mech in mechanisms:
         mechanism_fields.update(mech.on_aggregate(acc, state, ctx))
+    live = method.deployed_mask(state, ctx)  # the entries the bound's terms are taken over (None: all)
     state = method.apply(state, acc, ctx)
     n_ok = float(acc["d_n"].sum())
-    count = acc["d_count"]
     active = acc["d_n"] > 0  # groups that received updates this round
-    gamma = int(count[active].min()) if n_ok else 0
+    gamma, uncovered = coverage(acc["d_trained"], active, live) if n_ok else (0, 1.0)
     usum, usq, nn_ = acc["d_usum"][active], acc["d_usq"][active], acc["d_n"][active]
     # sigma_2^2: mean over clients of ||delta_k - mean(delta)||^2 = E||delta||^2 - ||E delta||^2 (per group, pooled)
     sigma2 = float(((usq - usum.double().square().sum(1) / nn_).sum() / nn_.sum())) if n_ok >= 2 else None
@@ -259,7 +296,7 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
         "downlink_bits": int(S["downlink_bits"]),
         "dropped_updates": int(S["nonfinite"]),
         "gamma": gamma,
-        "uncovered_fraction": float((count[active] == 0).double().mean()) if n_ok else 1.0,
+        "uncovered_fraction": uncovered,
         "w2": float(S["w2"] / n_ok) if n_ok else 0.0,
         "sigma1_sq": float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
         "sigma2_sq": sigma2,
