@@ -1,20 +1,25 @@
 """The model presets `train.model` names: ONE table (`PRESETS`), from which everything else is derived.
 
-Two families:
+Three families:
 - `builtin`: the benchmark's own time-conditioned UNet (benchmark/engine/model.py builds it from the
   preset's `UNetSpec` here);
 - `diffusers`: Hugging Face diffusers' `UNet2DModel` (benchmark/engine/diffusers_models.py), an
   optional extra (`pip install 'dfbench[diffusers]'`, pinned to `DIFFUSERS_VERSION`: the flat
   parameter layout is the module's parameter names and order, so another release could train
-  another network under the same run id).
+  another network under the same run id);
+- `mlp`: the benchmark's own time-conditioned residual MLP over the flattened sample (benchmark/engine/
+  model.py `MLP`, from the preset's `MLPSpec`), for vector data such as the low-dimensional ground-truth
+  mixtures (`gmm:dimD`, samples of shape [1, 1, D]) on which a UNet's convolutions have no image to run on;
+  it runs on image-shaped data too.
 
-Each preset's row says its family, the network's arguments (a `UNetSpec` or the `UNet2DModel`
+Each preset's row says its family, the network's arguments (a `UNetSpec`, an `MLPSpec` or the `UNet2DModel`
 keywords) and its planning cost on a CPU. Derived from the table: config.py's `Preset` Literal and
 its check of train.model, the model factory's arguments (engine/model.py `build_model`), the grid
-planner's costs (grid/plan.py), what `auto` resolves to per dataset (`AUTO`), and the facts config
+planner's costs (grid/plan.py), what `auto` resolves to per dataset (`AUTO`, `auto_preset`), and the facts config
 validation checks before any work -- the family, what it needs installed, which image sides its
-down-sampling takes, whether the network can be rebuilt at another width. No other module lists
-preset names (tests/unit/test_presets.py checks it). This module is core: no torch, no diffusers import.
+down-sampling takes (`side_multiple`, `min_side`), whether the network can be rebuilt at another width
+(`width_aware`, `network_spec`). No other module lists preset names (tests/unit/test_presets.py checks it).
+This module is core: no torch, no diffusers import.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-Family = Literal["builtin", "diffusers"]
+Family = Literal["builtin", "diffusers", "mlp"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,18 @@ class UNetSpec:
     blocks: int  # residual blocks per level
     attn_levels: tuple[int, ...]  # levels (0 = full resolution) with self-attention
     mid_attn: bool = True  # self-attention in the middle block (lowest resolution)
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """The built-in residual MLP's architecture (benchmark/engine/model.py `MLP`): the flattened sample (D = C*H*W)
+    in and out, `blocks` residual blocks of width `channels` in between, each told the time. The hidden width is
+    named as the UNet's base width, `channels`, because it is what a width sub-model narrows (HeteroFL & co. build
+    the network at `replace(spec, channels=c')` and slice every hidden layer's leading units); D never narrows."""
+
+    channels: int  # hidden width (also the sinusoidal time features' and the time embedding's width)
+    blocks: int  # residual blocks
     dropout: float = 0.0
 
 #: the one diffusers release the diffusers presets are defined (and their run ids valid) for
@@ -91,6 +108,7 @@ class ModelPreset:
     cpu_ms_per_sample_grad: float
     unet: UNetSpec | None = None  # the built-in family's architecture
     diffusers: Mapping[str, Any] | None = None  # the diffusers family's UNet2DModel keywords (read-only)
+    mlp: MLPSpec | None = None  # the mlp family's architecture
 
 
 # Sizes: "tiny" for tests; "small*" fit a CPU budget (~0.2 s per batch-64 step on 2 cores for small28);
@@ -105,6 +123,8 @@ class ModelPreset:
 # sample-gradient (forward + backward, torch.utils.flop_counter at 32x32 against small28's at 28x28):
 # 37.32 GFLOP / 0.281 GFLOP = 132.8x, i.e. 398.5 ms; the same ratio gives the diffusers twin 398.5 against its
 # timed 290 (larger convolutions run more FLOPs a second on a CPU), so read it as an upper estimate.
+# The MLP presets' ratios to small28 were timed beside it (one thread, batch 64, Adam; 2-core AMD EPYC, shared):
+# mlp 0.032x at D = 64 (0.041x at D = 784, 28x28 images flattened), mlp-tiny 0.010x (per-op overhead dominates).
 PRESETS: Mapping[str, ModelPreset] = types.MappingProxyType({  # each family small to large
     "tiny": ModelPreset("builtin", 1.0, UNetSpec(channels=8, mults=(1, 2), blocks=1, attn_levels=(), mid_attn=False)),
     "small28": ModelPreset("builtin", 3.0, UNetSpec(channels=16, mults=(1, 2, 2), blocks=1, attn_levels=())),  # 28 -> 14 -> 7
@@ -114,23 +134,51 @@ PRESETS: Mapping[str, ModelPreset] = types.MappingProxyType({  # each family sma
     "ddpm32": ModelPreset("builtin", 398.5, UNetSpec(channels=128, mults=(1, 2, 2, 2), blocks=2, attn_levels=(1,))),  # 32 -> 16 -> 8 -> 4
     "diffusers-tiny": ModelPreset("diffusers", 2.6, diffusers=types.MappingProxyType(_TINY_UNET2D)),
     "diffusers-ddpm-cifar10": ModelPreset("diffusers", 290.0, diffusers=types.MappingProxyType(_DDPM_CIFAR10_UNET2D)),
+    "mlp-tiny": ModelPreset("mlp", 0.03, mlp=MLPSpec(channels=32, blocks=2)),  # tests
+    "mlp": ModelPreset("mlp", 0.1, mlp=MLPSpec(channels=256, blocks=3)),  # the low-dimensional mixtures (auto for vectors)
 })
 
 #: every preset name train.model takes besides "auto", each family small to large
 ALL: tuple[str, ...] = tuple(PRESETS)
 #: the built-in UNet's presets, small to large
 BUILTIN: tuple[str, ...] = tuple(n for n, p in PRESETS.items() if p.family == "builtin")
+#: the built-in MLP's presets, small to large
+MLP: tuple[str, ...] = tuple(n for n, p in PRESETS.items() if p.family == "mlp")
+#: the presets whose network can be rebuilt at another width (`width_aware`): the built-in UNet's and MLP's
+WIDTH_AWARE: tuple[str, ...] = BUILTIN + MLP
 #: diffusers preset -> its UNet2DModel arguments (read-only)
 DIFFUSERS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
     {n: p.diffusers for n, p in PRESETS.items() if p.diffusers is not None})
-#: what train.model=auto trains on a built-in dataset; data users bring: by its channels (`auto_preset`)
+#: what train.model=auto trains on a built-in dataset; other data: `auto_preset`
 AUTO: Mapping[str, str] = types.MappingProxyType({"fmnist": "small28", "svhn": "small32", "cifar10": "small32"})
+#: what train.model=auto trains on vector data (a sample side of 1, e.g. the low-dimensional mixtures gmm:dimD)
+AUTO_VECTOR = "mlp"
 
 
-def auto_preset(dataset: str, channels: int) -> str:
-    """The preset train.model=auto resolves to: a built-in dataset's (`AUTO`); for data users bring the same
-    rule by its images: grey -> small28 (as Fashion-MNIST), RGB -> small32 (as CIFAR-10)."""
-    return AUTO.get(dataset) or ("small28" if channels == 1 else "small32")
+def auto_by_name(dataset: str) -> str | None:
+    """What train.model=auto trains on `dataset`, when its name alone says it (no data read): a built-in dataset's
+    `AUTO`; a ground-truth mixture (datasets/gmm.py): the MLP for the low-dimensional family (gmm:dimD, samples
+    [1, 1, D]), Fashion-MNIST's preset for the image-shaped one fitted to it (gmm:fmnistS, grey [1, S, S]).
+    None: decided by the data's shape (`auto_preset`)."""
+    if dataset in AUTO:
+        return AUTO[dataset]
+    if dataset.startswith("gmm:dim"):
+        return AUTO_VECTOR
+    if dataset.startswith("gmm:"):
+        return AUTO["fmnist"]
+    return None
+
+
+def auto_preset(dataset: str, channels: int, image_shape: tuple[int, ...] | None = None) -> str:
+    """The preset train.model=auto resolves to: by the dataset's name where it says (`auto_by_name`); else by its
+    samples (data users bring): vectors (a side of 1 in `image_shape` (C, H, W)) -> the MLP, grey images ->
+    small28 (as Fashion-MNIST), RGB -> small32 (as CIFAR-10)."""
+    named = auto_by_name(dataset)
+    if named is not None:
+        return named
+    if image_shape is not None and min(image_shape[1:]) == 1:
+        return AUTO_VECTOR
+    return "small28" if channels == 1 else "small32"
 
 
 def unet_spec(name: str) -> UNetSpec:
@@ -141,29 +189,59 @@ def unet_spec(name: str) -> UNetSpec:
     return spec
 
 
+def mlp_spec(name: str) -> MLPSpec:
+    """The built-in MLP's architecture of preset `name` (KeyError for another family's or an unknown one)."""
+    spec = PRESETS[name].mlp
+    if spec is None:
+        raise KeyError(f"{name!r} is not an MLP preset; those are: {', '.join(MLP)}")
+    return spec
+
+
+def network_spec(name: str) -> UNetSpec | MLPSpec:
+    """The architecture of a width-aware preset (`WIDTH_AWARE`), the spec a width sub-model rebuilds at another
+    `channels` (`dataclasses.replace(spec, channels=c)`; engine/model.py `build_network`). KeyError for a
+    diffusers preset or an unknown one."""
+    row = PRESETS[name]
+    spec = row.unet or row.mlp
+    if spec is None:
+        raise KeyError(f"{name!r} cannot be rebuilt at another width; those that can are: {', '.join(WIDTH_AWARE)}")
+    return spec
+
+
 def family(name: str) -> Family:
-    """"builtin" or "diffusers" (KeyError for an unknown preset; "auto" resolves to a built-in one)."""
+    """"builtin", "diffusers" or "mlp" (KeyError for an unknown preset; "auto" counts as "builtin": it resolves to
+    a built-in UNet, or to the MLP on vector data, both the benchmark's own, width-aware, with nothing to install)."""
     if name == "auto" or name in BUILTIN:
         return "builtin"
     if name in DIFFUSERS:
         return "diffusers"
+    if name in MLP:
+        return "mlp"
     raise KeyError(f"unknown model preset {name!r}; allowed: auto, {', '.join(ALL)}")
 
 
 def width_aware(name: str) -> bool:
     """Can the network be rebuilt at another base width with its parameters as leading channel blocks
-    of the full one (what HeteroFL's width sub-models slice)? The built-in UNet can; a diffusers
-    UNet2DModel has no such builder (its widths are a config tuple, its norms fixed group counts)."""
-    return family(name) == "builtin"
+    of the full one (what HeteroFL's width sub-models slice)? The built-in UNet and MLP can (the MLP's
+    hidden units are its channels); a diffusers UNet2DModel has no such builder (its widths are a config
+    tuple, its norms fixed group counts)."""
+    return family(name) in ("builtin", "mlp")
 
 
 def side_multiple(name: str) -> int:
     """The image side must be a multiple of this: 2^(levels - 1) for a diffusers UNet2DModel (its
     up-sampling doubles, so an odd side at a lower level leaves the skip connections a pixel apart);
-    1 for the built-in UNet, which resizes to its skip connections."""
+    1 for the built-in UNet, which resizes to its skip connections, and for the MLP, which flattens."""
     if family(name) == "diffusers":
         return 2 ** (len(DIFFUSERS[name]["block_out_channels"]) - 1)
     return 1
+
+
+def min_side(name: str) -> int:
+    """The smallest image side the preset takes: 2 for a UNet (either family: a side of 1 is no image but a
+    vector, on which 3x3 convolutions see padding and the down-sampling has nothing to halve; use the MLP),
+    1 for the MLP, which takes any [C, H, W] sample flattened."""
+    return 1 if family(name) == "mlp" else 2
 
 
 def diffusers_problem() -> str | None:

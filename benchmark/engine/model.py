@@ -1,8 +1,10 @@
-"""A small time-conditioned UNet (DDPM, Ho et al. 2020, scaled down) and the flat parameter layout.
+"""A small time-conditioned UNet (DDPM, Ho et al. 2020, scaled down), a time-conditioned residual MLP for
+vector data, and the flat parameter layout.
 
 `build_model` builds any train.model preset of benchmark/core/presets.py's table: this UNet from the
-preset's `UNetSpec`, or diffusers' UNet2DModel (benchmark/engine/diffusers_models.py; the optional extra)
-behind the same call.
+preset's `UNetSpec`, the MLP from its `MLPSpec`, or diffusers' UNet2DModel (benchmark/engine/diffusers_models.py;
+the optional extra) behind the same call. `build_network` builds the UNet or the MLP from a spec (another
+width of the run's network, for the width sub-models).
 
 The same network serves both objectives: it takes a continuous time in [0, 1]
 (DDPM step t_i / T, or the flow-matching time t) and predicts epsilon (DDPM) or
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,19 +23,21 @@ from torch import nn
 import torch.nn.functional as F
 
 from dfbench.benchmark.core import presets
-from dfbench.benchmark.core.presets import UNetSpec
+from dfbench.benchmark.core.presets import MLPSpec, UNetSpec
 
 
 def resolve_preset(name: str, dataset: str) -> str:
-    """train.model with "auto" resolved (`presets.auto_preset`: the built-in dataset's preset; for data users
-    bring, by its images' channels)."""
+    """train.model with "auto" resolved (`presets.auto_preset`: by the dataset's name where it says -- a built-in
+    dataset, a gmm: mixture --, else by its samples: vectors -> the MLP, grey or RGB images -> a UNet)."""
     if name != "auto":
         return name
-    if dataset in presets.AUTO:
-        return presets.AUTO[dataset]
+    named = presets.auto_by_name(dataset)
+    if named is not None:
+        return named
     from dfbench.datasets import data_info
 
-    return presets.auto_preset(dataset, int(data_info(dataset)["channels"]))
+    info = data_info(dataset)
+    return presets.auto_preset(dataset, int(info["channels"]), tuple(int(v) for v in info["image_shape"]))
 
 
 def _groups(ch: int) -> int:
@@ -164,7 +168,7 @@ class UNet(nn.Module):
         for blk in self.up:
             if isinstance(blk[0], ResBlock):
                 skip = hs.pop()
-                if skip.shape[-1] != h.shape[-1]:  # odd sizes (7 -> 14 is fine; guard anyway)
+                if skip.shape[-2:] != h.shape[-2:]:  # an odd side (7 -> 4 -> 8 against 7); both sides: H != W too
                     h = F.interpolate(h, size=skip.shape[-2:], mode="nearest")
                 h = blk[0](torch.cat([h, skip], dim=1), temb)
                 for extra in blk[1:]:
@@ -174,16 +178,92 @@ class UNet(nn.Module):
         return self.out(h)
 
 
-def build_model(preset: str, in_ch: int) -> nn.Module:
-    """The network of a resolved preset (not "auto") of benchmark/core/presets.py: the built-in UNet from its
-    `UNetSpec` or, for a diffusers preset, diffusers' UNet2DModel behind the same call
+class MLPBlock(nn.Module):
+    """ResBlock's pattern on vectors: x + fc2(SiLU(norm2(fc1(SiLU(norm1(x))) + temb(t)))), pre-norm, the time
+    embedding added to the hidden layer (as the UNet's ResBlock adds it to its feature maps)."""
+
+    def __init__(self, width: int, tdim: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, width)
+        self.temb = nn.Linear(tdim, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(F.silu(self.norm1(x))) + self.temb(temb)
+        return x + self.fc2(self.drop(F.silu(self.norm2(h))))
+
+
+class MLP(nn.Module):
+    """A time-conditioned residual MLP over the flattened sample: [B, C, H, W] -> the same shape, D = C*H*W in and
+    out, `spec.blocks` residual blocks of width `spec.channels` between. For vector data (the low-dimensional
+    ground-truth mixtures, samples [1, 1, D]), where a UNet has no image to convolve; it runs on images too.
+
+    The time is the UNet's: the sinusoidal features of t in [0, 1] (`timestep_embedding`, `base` = channels of
+    them) through a two-layer SiLU MLP, added to every block's hidden layer. Its attributes mirror the UNet's
+    where the width sub-models read them (methods/heterofl.py): `base` (the sinusoidal width), `time[0]` (the
+    layer that reads those features, kept whole in a narrow network); every hidden Linear's in/out features and
+    every LayerNorm are the "channels" a width sub-model slices; `inp`'s inputs and `out`'s outputs are D, kept.
+    """
+
+    def __init__(self, in_shape: Sequence[int], spec: MLPSpec) -> None:
+        super().__init__()
+        d, ch = math.prod(in_shape), spec.channels
+        self.base = ch
+        self.time = nn.Sequential(nn.Linear(ch, ch), nn.SiLU(), nn.Linear(ch, ch))
+        self.inp = nn.Linear(d, ch)
+        self.blocks = nn.ModuleList([MLPBlock(ch, ch, spec.dropout) for _ in range(spec.blocks)])
+        self.out = nn.Sequential(nn.LayerNorm(ch), nn.SiLU(), nn.Linear(ch, d))
+        # Zero-initialised output layer (as DDPM's and improved-diffusion's last layer, their `zero_module`): the
+        # network starts as the zero function, the best constant prediction of epsilon (mean 0) and, for centred
+        # data, of the velocity eps - x0, so training starts from that constant's loss, not from it plus the
+        # variance of a random read-out of D outputs. It trains from the first step all the same: this layer's
+        # gradient is (output error) x (its input), and its input, SiLU of normalised features, is not zero; the
+        # layers below get gradient once it has moved. (The built-in UNet keeps PyTorch's default init: its
+        # committed runs were trained so.)
+        nn.init.zeros_(self.out[2].weight)
+        nn.init.zeros_(self.out[2].bias)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        temb = self.time(timestep_embedding(t, self.base))
+        h = self.inp(x.flatten(1))
+        for blk in self.blocks:
+            h = blk(h, temb)
+        return self.out(h).reshape(x.shape)
+
+
+def _shape(in_shape: int | Sequence[int]) -> tuple[int, ...]:
+    return (int(in_shape),) if isinstance(in_shape, int) else tuple(int(v) for v in in_shape)
+
+
+def build_network(spec: UNetSpec | MLPSpec, in_shape: int | Sequence[int]) -> nn.Module:
+    """The built-in network of an architecture spec (`presets.network_spec`, or it at another width:
+    `dataclasses.replace(spec, channels=c)`) for samples of shape `in_shape` = (C, H, W): a UNet needs only C
+    (an int will do), the MLP the whole shape (its input and output layers are C*H*W wide)."""
+    shape = _shape(in_shape)
+    if isinstance(spec, UNetSpec):
+        return UNet(shape[0], spec)
+    if isinstance(spec, MLPSpec):
+        if len(shape) != 3:
+            raise ValueError(f"the MLP needs the samples' whole shape (C, H, W), got {shape}: its input and output "
+                             "layers are C*H*W wide")
+        return MLP(shape, spec)
+    raise TypeError(f"no built-in network for {type(spec).__name__}")
+
+
+def build_model(preset: str, in_shape: int | Sequence[int]) -> nn.Module:
+    """The network of a resolved preset (not "auto") of benchmark/core/presets.py for samples of shape
+    `in_shape` = (C, H, W) (the UNets need only C: an int will do): the built-in UNet from its `UNetSpec`, the
+    built-in MLP from its `MLPSpec` or, for a diffusers preset, diffusers' UNet2DModel behind the same call
     (benchmark/engine/diffusers_models.py). Its initialization draws from torch's global generator."""
-    if preset in presets.BUILTIN:
-        return UNet(in_ch, presets.unet_spec(preset))
+    if preset in presets.WIDTH_AWARE:
+        return build_network(presets.network_spec(preset), in_shape)
     if preset in presets.DIFFUSERS:
         from dfbench.benchmark.engine.diffusers_models import build_diffusers
 
-        return build_diffusers(preset, in_ch)
+        return build_diffusers(preset, _shape(in_shape)[0])
     raise ValueError(f"unknown model preset {preset!r}; allowed: {', '.join(presets.ALL)}")
 
 

@@ -57,12 +57,16 @@ PARAMS = {
     "ddpm32": {1: 35_741_697, 3: 35_746_307},  # diffusers-ddpm-cifar10's shape in the built-in UNet: the same counts
     "diffusers-tiny": {1: 44_969, 3: 45_259},
     "diffusers-ddpm-cifar10": {1: 35_741_697, 3: 35_746_307},
+    # the MLPs' count depends on the sample's size D = C*H*W: here 28x28 grey and 32x32 RGB images flattened
+    "mlp-tiny": {1: 59_760, 3: 208_480},  # 8,800 + 65 D
+    "mlp": {1: 1_129_744, 3: 2_303_488},  # 727,552 + 513 D
 }
 
 
 def _count(name: str, channels: int) -> int:
+    side = 28 if channels == 1 else 32  # Fashion-MNIST's images, CIFAR-10's (only the MLPs' count depends on it)
     with torch.device("meta"):  # architecture only: no memory, no init
-        return sum(p.numel() for p in builtin.build_model(name, channels).parameters())
+        return sum(p.numel() for p in builtin.build_model(name, (channels, side, side)).parameters())
 
 
 # -- the presets ------------------------------------------------------------------------------
@@ -72,7 +76,7 @@ def test_the_preset_table_is_what_the_config_and_the_families_read():
     assert typing.get_args(Preset) == ("auto", *presets.ALL)
     assert presets.BUILTIN == tuple(n for n in presets.ALL if presets.PRESETS[n].unet is not None)
     assert set(PARAMS) == set(presets.ALL)
-    assert [presets.family(n) for n in presets.ALL] == ["builtin"] * 6 + ["diffusers"] * 2
+    assert [presets.family(n) for n in presets.ALL] == ["builtin"] * 6 + ["diffusers"] * 2 + ["mlp"] * 2
     assert presets.side_multiple("diffusers-ddpm-cifar10") == 8 and presets.side_multiple(TINY) == 2
     assert presets.side_multiple("small28") == 1
     # every preset has a CPU cost for the grid planner, and the small ones are the cheap ones

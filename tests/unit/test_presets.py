@@ -52,10 +52,13 @@ def test_the_scan_finds_a_list_of_preset_names(tmp_path):
 def test_everything_is_derived_from_the_table():
     assert typing.get_args(Preset) == ("auto", *presets.PRESETS)
     assert presets.ALL == tuple(presets.PRESETS)
-    assert set(presets.BUILTIN) | set(presets.DIFFUSERS) == set(presets.ALL) and not set(presets.BUILTIN) & set(presets.DIFFUSERS)
+    families = (presets.BUILTIN, tuple(presets.DIFFUSERS), presets.MLP)
+    assert sorted(n for names in families for n in names) == sorted(presets.ALL)  # each preset in one family
     for name, row in presets.PRESETS.items():
-        assert (row.unet is not None) == (row.family == "builtin") == (row.diffusers is None), name
+        specs = {"builtin": row.unet, "diffusers": row.diffusers, "mlp": row.mlp}
+        assert [family for family, spec in specs.items() if spec is not None] == [row.family], name  # its family's spec only
         assert presets.family(name) == row.family and row.cpu_ms_per_sample_grad > 0
+        assert presets.width_aware(name) == (name in presets.WIDTH_AWARE) == (row.family != "diffusers"), name
     assert set(presets.AUTO.values()) <= set(presets.BUILTIN)
 
 
@@ -63,7 +66,7 @@ def test_the_planner_and_the_factory_read_the_row():
     import torch
 
     from dfbench.benchmark.core.config import RunConfig
-    from dfbench.benchmark.engine.model import UNet, build_model
+    from dfbench.benchmark.engine.model import MLP, UNet, build_model
     from dfbench.benchmark.engine.resolve import apply_overrides
     from dfbench.benchmark.grid import plan
 
@@ -74,4 +77,7 @@ def test_the_planner_and_the_factory_read_the_row():
     with torch.device("meta"):  # architecture only
         for name in presets.BUILTIN:
             built, spec = build_model(name, 1), UNet(1, presets.unet_spec(name))
+            assert [p.shape for p in built.parameters()] == [p.shape for p in spec.parameters()], name
+        for name in presets.MLP:
+            built, spec = build_model(name, (1, 1, 8)), MLP((1, 1, 8), presets.mlp_spec(name))
             assert [p.shape for p in built.parameters()] == [p.shape for p in spec.parameters()], name
