@@ -224,7 +224,7 @@ class PlainTrainer:
     def run(self, steps: int) -> None:
         for _ in range(steps):
             pick = torch.randint(0, self.images.shape[0], (self.batch,), generator=self.gen, device=self.device)
-            x0 = self.images[pick].float().div_(127.5).sub_(1.0)
+            x0 = datasets.to_model_space(self.images[pick])
             if self.channels_last:
                 x0 = x0.contiguous(memory_format=torch.channels_last)
             with autocast(self.device, self.amp):

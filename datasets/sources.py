@@ -58,6 +58,9 @@ import torch
 from .download import DownloadError, download_file
 from .errors import DatasetError
 from .safeio import UnsafeArchiveError, UnsafePickleError, read_tar_members, safe_extract, safe_unpickle
+from .gmm import gmm_data_info, gmm_split, is_mixture
+from .gmm import mixture as _gmm_mixture
+from .mixture import GaussianMixture
 from .user_data import clear_user_cache, is_user_data, user_data_info, user_missing, user_split
 
 __all__ = [
@@ -133,7 +136,8 @@ _MAX_GUNZIP = 256 << 20  # no Fashion-MNIST idx file is larger than 47 MB decomp
 
 @dataclass(frozen=True, eq=False)
 class ImageSet:
-    """A verified, decoded split. ``images`` uint8 [N, C, H, W] contiguous; ``labels`` int64 [N]."""
+    """A verified, decoded split. ``images`` uint8 [N, C, H, W] contiguous (float32 in the model's space for the
+    ground-truth mixtures, ``gmm:``: see :mod:`datasets.gmm`); ``labels`` int64 [N]."""
 
     name: str
     split: str
@@ -302,6 +306,8 @@ def data_info(name: str) -> dict:
     """
     if is_user_data(name):
         return user_data_info(name)
+    if is_mixture(name):
+        return gmm_data_info(name)
     key = _canonical(name)
     spec = _SPECS[key]
     sums = CHECKSUMS[key]
@@ -389,6 +395,8 @@ def _locate(key: str, split: str, root) -> tuple[_Found | None, list[str]]:
 
 def locate(name: str, split: str = "train", root: str | os.PathLike | None = None) -> Path | None:
     """The folder or file :func:`load` would read (without verifying it), or None."""
+    if is_mixture(name):
+        return None  # generated, never read from disk
     if is_user_data(name):
         from .user_data import parse_user_spec
 
@@ -721,12 +729,31 @@ def missing(name: str, split: str = "train", root: str | os.PathLike | None = No
     if is_user_data(name):
         _check_split(split)
         return user_missing(name)
+    if is_mixture(name):
+        _check_split(split)
+        try:
+            info = gmm_data_info(name)
+            if info["spec"].startswith("gmm:fmnist"):
+                return missing("fmnist", "train")  # the fitted mixtures need Fashion-MNIST's training set
+        except DatasetError as e:
+            return str(e)
+        return None
     key, split = _canonical(name), _check_split(split)
     found, searched = _locate(key, split, root)
     if found is None:
         return str(_not_found(key, split, searched, False))
     err = _incomplete(key, split, found)
     return None if err is None else str(err)
+
+
+def _fmnist_train() -> ImageSet:
+    return load("fmnist", "train")
+
+
+def mixture(name: str) -> GaussianMixture:
+    """The exact Gaussian mixture of a ``gmm:`` spec (:mod:`datasets.gmm`; the Fashion-MNIST-fitted ones are fitted
+    to the checksummed training set, loaded as :func:`load` does)."""
+    return _gmm_mixture(name, _fmnist_train)
 
 
 def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
@@ -740,6 +767,11 @@ def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
         part = user_split(name, _check_split(split))
         return ImageSet(name=name, split=split, images=torch.from_numpy(part.images), labels=torch.from_numpy(part.labels),
                         sha256=part.sha256, source=part.source, num_classes=part.num_classes)
+    if is_mixture(name):
+        part = gmm_split(name, _check_split(split), _fmnist_train)
+        return ImageSet(name=gmm_data_info(name)["spec"], split=split, images=part.images,
+                        labels=part.labels, sha256=part.sha256, source="generated (gmm)",
+                        num_classes=int(gmm_data_info(name)["num_classes"]))
     key = _canonical(name)
     split = _check_split(split)
     found, searched = _locate(key, split, root)

@@ -29,6 +29,7 @@ from . import topk_update  # noqa: F401,E402
 from . import signsgd  # noqa: F401,E402
 from . import qsgd  # noqa: F401,E402
 from . import powersgd  # noqa: F401,E402
+from . import exact_score  # noqa: F401,E402
 
 __all__ = [
     "Capabilities", "ClientPlan", "EdgeLoad", "LocalStep", "Mechanism", "Method", "MethodContext", "ParamLayout",

@@ -133,6 +133,13 @@ class MethodContext(Protocol):
         """A torch generator on the device, seeded by (run seed, *keys)."""
 
     # -- objectives and sampling ---------------------------------------------------------------
+    @property
+    def bounded(self) -> bool:
+        """Whether the data are pixels in [-1, 1] that samplers may clip to (False: the unbounded gmm: data)."""
+
+    def get_objective(self, name: str | None) -> Any:
+        """The objective object of `name` (None: the run's): its schedule (a DDPM's ``T``, ``abar64``) and sampler."""
+
     def velocity(self, net: Any, x: torch.Tensor, t: torch.Tensor, objective: str) -> torch.Tensor:
         """The velocity of network `net` (trained with `objective`) at flow-matching state (x, t)."""
 

@@ -38,9 +38,10 @@ def register_method(name: str) -> Callable[[M], M]:
     return deco
 
 
-def list_methods(pattern: str = "*") -> list[str]:
-    """Registered method names matching a glob pattern, sorted."""
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+def list_methods(pattern: str = "*", anchors: bool = False) -> list[str]:
+    """Registered method names matching a glob pattern, sorted; the anchors (`Method.anchor`: rows that train
+    nothing) only with `anchors=True`."""
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern) and (anchors or not _REGISTRY[n].anchor))
 
 
 def method_families() -> dict[str, list[str]]:
@@ -57,7 +58,7 @@ def get_method_class(name: str) -> type[Method]:
 
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods())} (a method from "
+        raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods(anchors=True))} (a method from "
                        "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
                        "docs/adding-a-method.md)")
     return _REGISTRY[name]

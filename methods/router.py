@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from dfbench import datasets
 from torch import nn
 import torch.nn.functional as F
 
@@ -69,7 +71,7 @@ def noise_fm(x0: torch.Tensor, t: torch.Tensor, gen: torch.Generator) -> torch.T
 
 
 def _scaled(images: torch.Tensor) -> torch.Tensor:
-    return images.float().div_(127.5).sub_(1.0)
+    return datasets.to_model_space(images)
 
 
 @dataclass

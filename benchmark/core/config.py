@@ -124,9 +124,12 @@ def _times_drawn(get: schema.Getter) -> str:
 
 def data_kind(dataset: Any) -> str | None:
     """The kind of data users bring, "folder" for folder:PATH, "hf" for hf:PATH?... (KIND:WHERE, the form of
-    datasets/user_data.py, which owns the kinds and checks them); None for a built-in dataset's name."""
+    datasets/user_data.py, which owns the kinds and checks them); None for a built-in dataset's name and for a
+    ground-truth mixture (gmm:..., generated from its spec: the id hashes the canonical spec itself)."""
+    from dfbench.datasets import is_mixture
+
     kind, sep, _ = str(dataset).partition(":")
-    return kind.strip().lower() if sep else None
+    return kind.strip().lower() if sep and not is_mixture(dataset) else None
 
 
 def _dataset_hashed(get: schema.Getter) -> Any:
@@ -139,6 +142,7 @@ def _dataset_hashed(get: schema.Getter) -> Any:
 @dataclass(frozen=True)
 class DataConfig:
     # fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] (datasets/user_data.py)
+    # | gmm:fmnistS[?...] | gmm:dimD[?...] (ground truth: datasets/gmm.py; stored in its canonical form)
     dataset: str = declare("fmnist", canonical=_dataset_hashed)
     partition: str = declare("iid")  # iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K | flwr:NAME?PARAM=VALUE&...
     clients: int = declare(10)

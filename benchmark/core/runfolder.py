@@ -5,6 +5,7 @@
     plugin.json     only for a method from outside dfbench: the plugin module that registered it and how
                     it was loaded, so a rerun knows what to load (not part of the config: no run id changes)
     partition.json  per-client sizes and label histograms
+    numerics.json   the device numerics of every start of the run (benchmark/core/numerics.py)
     rounds.jsonl    one row per finished round
     metrics.json    evaluations, communication totals, wall time, diagnostics
     rescored.json   metric rows added later by `dfbench eval` (metrics the run's code did not have)
@@ -80,14 +81,51 @@ def slug(text: str) -> str:
 
 def dataset_folder(cfg: RunConfig) -> str:
     """The run folder's first level: a built-in dataset's name; for data users bring (which records its content
-    digest, data.sha256) its kind and digest, e.g. folder-3fa9c2d1e0b4: what the data is, not where it is."""
+    digest, data.sha256) its kind and digest, e.g. folder-3fa9c2d1e0b4: what the data is, not where it is; a
+    ground-truth mixture its canonical spec made file-name safe (gmm-fmnist16-n-60000-rank-8-seed-0-test-10000)."""
     if cfg.data.sha256:
         return f"{slug(cfg.data.dataset.partition(':')[0].strip().lower())}-{cfg.data.sha256[:12]}"
-    return cfg.data.dataset
+    return slug(cfg.data.dataset).replace("?", "-")
 
 
 def run_dir(out: str | os.PathLike, cfg: RunConfig) -> Path:
     return Path(out) / dataset_folder(cfg) / slug(cfg.data.partition) / slug(cfg.method) / cfg.run_id()
+
+
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """`path` or its nearest ancestor that exists: where a mkdir -p of `path` would start."""
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def write_problem(path: str | os.PathLike, flag: str = "--out", target: str | os.PathLike | None = None) -> str | None:
+    """Why files cannot be written under `path` (the value of `flag`), or under `target` below it (a run folder,
+    made if missing), in one sentence with the fix; None when they can.
+
+    Asked before any work, so a command refuses an unusable `flag` in one line instead of failing deep in its
+    first write. The nearest part of `target` (default `path`) that exists must be a folder this process may
+    write to: os.access, which says no on a read-only filesystem even to root (a folder merely chmod'ed
+    read-only does not stop root; then the write itself is the check, and its error is one line too)."""
+    p = Path(path)
+    probe = nearest_existing(p if target is None else target)
+    culprit = f"{flag} {p}" if probe == p else f"{flag} {p}: {probe}"
+    if not probe.is_dir():
+        if probe == p:
+            return f"{flag} {p} is a file, not a folder; pass a folder as {flag} (a missing one is made), or move the file away"
+        return (f"{culprit} is a file, not a folder, so the folders below it cannot be made; pass another {flag} "
+                f"(one whose parents are folders), or move the file away")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        try:
+            read_only_fs = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+        except (OSError, AttributeError):
+            read_only_fs = False
+        if read_only_fs:
+            return f"{culprit} is on a read-only filesystem; pass a {flag} on a writable one"
+        return (f"{culprit} is not writable by this user (permission denied); make it writable (chmod -R u+w {probe}) "
+                f"or pass another {flag}")
+    return None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from dfbench import datasets
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from dfbench.benchmark.engine.local_step import LocalResult, StepSettings, autocast, clip_rows_
 from dfbench.benchmark.engine.model import product_attention_in
@@ -54,7 +55,7 @@ def draw_batches(images: torch.Tensor, indices: Sequence[torch.Tensor], batch_si
     gens[j] exactly as it does; the image gather is one op for all clients.
     """
     rows = [ix[torch.randint(0, ix.numel(), (batch_size,), generator=g, device=ix.device)] for ix, g in zip(indices, gens)]
-    return images[torch.stack(rows)].float().div_(127.5).sub_(1.0)
+    return datasets.to_model_space(images[torch.stack(rows)])
 
 
 def noised_inputs(objective: DDPM | FlowMatching, x0: torch.Tensor, gens: Sequence[torch.Generator]

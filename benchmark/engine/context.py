@@ -30,8 +30,8 @@ from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr, t
 from dfbench.benchmark.core.seeds import tier_values
 from dfbench.benchmark.engine.clock import Clock, build_clock
 from dfbench.benchmark.core import presets
-from dfbench.benchmark.core.presets import UNetSpec
-from dfbench.benchmark.engine.model import Layout, UNet, build_model, flatten_, resolve_preset
+from dfbench.benchmark.core.presets import MLPSpec, UNetSpec
+from dfbench.benchmark.engine.model import Layout, build_model, build_network, flatten_, resolve_preset
 from dfbench.benchmark.core.seeds import derive_seed, np_rng, torch_gen
 
 
@@ -104,6 +104,12 @@ class RunContext:
         return self.cfg.seed
 
     @property
+    def bounded(self) -> bool:
+        """Whether the data live in the pixel range [-1, 1] (uint8 images), so samplers may clip to it; False
+        for float data (the ground-truth mixtures, datasets/gmm.py: clipping would change their law)."""
+        return self.images.dtype == torch.uint8
+
+    @property
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.images.shape[1:])  # type: ignore[return-value]
 
@@ -121,27 +127,27 @@ class RunContext:
         return self.objectives[name]
 
     @property
-    def model_spec(self) -> UNetSpec:
+    def model_spec(self) -> UNetSpec | MLPSpec:
         """The architecture of the run's network (its preset)."""
-        return presets.unet_spec(resolve_preset(self.cfg.train.model, self.cfg.data.dataset))
+        return presets.network_spec(resolve_preset(self.cfg.train.model, self.cfg.data.dataset))
 
     def network_at_width(self, channels: int) -> torch.nn.Module:
         """The run's architecture at another base width, on the meta device (structure only:
         `torch.func.functional_call` supplies its parameters), e.g. for HeteroFL's sub-models."""
         with torch.device("meta"):
-            return UNet(self.image_shape[0], replace(self.model_spec, channels=channels))
+            return build_network(replace(self.model_spec, channels=channels), self.image_shape)
 
     def velocity(self, net: Any, x: torch.Tensor, t: torch.Tensor, objective: str) -> torch.Tensor:
         """The velocity of network `net` (trained with `objective`) at flow-matching state (x, t):
         flow matching predicts it; a DDPM network's epsilon is converted by SNR matching."""
         if objective == "fm":
             return net(x, t)
-        return self.get_objective("ddpm").velocity(net, x, t)
+        return self.get_objective("ddpm").velocity(net, x, t, clamp=self.bounded)
 
-    @staticmethod
-    def integrate_velocity(velocity: Any, noise: torch.Tensor, steps: int, method: str = "heun") -> torch.Tensor:
-        """The velocity-space ODE from t = 1 (noise) to 0 (data): diffusion.sample_ode."""
-        return diffusion.sample_ode(velocity, noise, steps, method)  # type: ignore[arg-type]
+    def integrate_velocity(self, velocity: Any, noise: torch.Tensor, steps: int, method: str = "heun") -> torch.Tensor:
+        """The velocity-space ODE from t = 1 (noise) to 0 (data): diffusion.sample_ode (clipped to [-1, 1] for
+        images, not for the unbounded ground-truth data)."""
+        return diffusion.sample_ode(velocity, noise, steps, method, clip=self.bounded)  # type: ignore[arg-type]
 
     def client_lr(self) -> float:
         """The clients' learning rate in the current round (train.lr under train.lr_decay)."""
@@ -175,7 +181,7 @@ class RunContext:
             bar = tqdm(total=noise.shape[0], desc=f"sampling ({sampler}, {self.cfg.eval.sampler_steps} steps)", unit="img", leave=False)
         for i in range(0, noise.shape[0], batch):
             x = noise[i:i + batch].to(self.device)
-            out.append(diffusion.sample(obj, net, x, sampler, self.cfg.eval.sampler_steps).cpu())
+            out.append(diffusion.sample(obj, net, x, sampler, self.cfg.eval.sampler_steps, clip=self.bounded).cpu())
             if bar is not None:
                 bar.update(x.shape[0])
         if bar is not None:
@@ -237,7 +243,7 @@ def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None, rank
     part = run_partition(cfg, labels, data.images)
     images = data.images.to(device)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
-    model = build_model(resolve_preset(cfg.train.model, cfg.data.dataset), images.shape[1]).to(device)
+    model = build_model(resolve_preset(cfg.train.model, cfg.data.dataset), tuple(images.shape[1:])).to(device)
     flat, layout = flatten_(model)
     return RunContext(
         cfg=cfg, device=device, images=images, labels=labels, partition=part,

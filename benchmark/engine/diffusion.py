@@ -90,8 +90,9 @@ class DDPM:
         return ddpm_velocity(net, x_t, t, self.schedule_on(x_t.device, torch.float64), clamp, floor=self.velocity_floor)
 
     @torch.no_grad()
-    def sample(self, net: Net, noise: torch.Tensor, steps: int) -> torch.Tensor:
-        """DDIM, eta = 0: x_{s} = sqrt(abar_s) x0_hat + sqrt(1 - abar_s) eps_hat over `steps` even steps."""
+    def sample(self, net: Net, noise: torch.Tensor, steps: int, clip: bool = True) -> torch.Tensor:
+        """DDIM, eta = 0: x_{s} = sqrt(abar_s) x0_hat + sqrt(1 - abar_s) eps_hat over `steps` even steps.
+        `clip`: x0_hat clamped to the pixel range [-1, 1] (images); False for unbounded data (gmm: mixtures)."""
         idx = torch.linspace(self.T - 1, 0, steps).round().long().tolist()
         abar = self.schedule_on(noise.device, torch.float64)
         x = noise
@@ -99,7 +100,9 @@ class DDPM:
             t = torch.full((x.shape[0],), i / self.T, device=x.device)
             eps = net(x, t).double()
             a = abar[i]
-            x0 = ((x.double() - (1 - a).sqrt() * eps) / a.sqrt()).clamp(-1, 1)
+            x0 = (x.double() - (1 - a).sqrt() * eps) / a.sqrt()
+            if clip:
+                x0 = x0.clamp(-1, 1)
             a_next = abar[idx[j + 1]] if j + 1 < len(idx) else torch.ones((), dtype=torch.float64, device=x.device)
             eps = (x.double() - a.sqrt() * x0) / (1 - a).sqrt()  # re-derive eps after the clamp
             x = (a_next.sqrt() * x0 + (1 - a_next).sqrt() * eps).to(noise.dtype)
@@ -138,9 +141,10 @@ class FlowMatching:
         return (net(xt, tin) - target).square().mean()
 
     @torch.no_grad()
-    def sample(self, net: Net, noise: torch.Tensor, steps: int, method: Literal["euler", "heun"] = "heun") -> torch.Tensor:
+    def sample(self, net: Net, noise: torch.Tensor, steps: int, method: Literal["euler", "heun"] = "heun",
+               clip: bool = True) -> torch.Tensor:
         """Integrate dx/dt = v from t = 1 (noise) to t = 0 (data): the velocity-space ODE of `sample_ode`."""
-        return sample_ode(lambda x, t: net(x, torch.full((x.shape[0],), t, device=x.device)), noise, steps, method)
+        return sample_ode(lambda x, t: net(x, torch.full((x.shape[0],), t, device=x.device)), noise, steps, method, clip)
 
 
 def make_objective(name: str, schedule: str = "cosine", T: int = 1000, time_sampling: str = "uniform") -> DDPM | FlowMatching:
@@ -155,14 +159,16 @@ def default_sampler(objective: str) -> str:
     return "ddim" if objective == "ddpm" else "heun"
 
 
-def sample(obj: DDPM | FlowMatching, net: Net, noise: torch.Tensor, sampler: str, steps: int) -> torch.Tensor:
+def sample(obj: DDPM | FlowMatching, net: Net, noise: torch.Tensor, sampler: str, steps: int,
+           clip: bool = True) -> torch.Tensor:
+    """`obj`'s sampler; `clip`: samples (and DDIM's x0 estimates) kept in the pixel range [-1, 1]."""
     if isinstance(obj, DDPM):
         if sampler not in ("auto", "ddim"):
             raise ValueError(f"sampler {sampler!r} does not apply to DDPM; use ddim")
-        return obj.sample(net, noise, steps)
+        return obj.sample(net, noise, steps, clip)
     if sampler not in ("auto", "euler", "heun"):
         raise ValueError(f"sampler {sampler!r} does not apply to flow matching; use euler or heun")
-    return obj.sample(net, noise, steps, "heun" if sampler == "auto" else sampler)  # type: ignore[arg-type]
+    return obj.sample(net, noise, steps, "heun" if sampler == "auto" else sampler, clip)  # type: ignore[arg-type]
 
 
 # -- the fixed noises ---------------------------------------------------------------------
@@ -310,8 +316,10 @@ def ddpm_velocity(net: Net, x_t: torch.Tensor, t: torch.Tensor, abar64: torch.Te
 # -- the one velocity-space ODE sampler -----------------------------------------------------
 
 @torch.no_grad()
-def sample_ode(velocity: VelocityFn, noise: torch.Tensor, steps: int, method: Literal["euler", "heun"] = "heun") -> torch.Tensor:
-    """Integrate dx/dt = v(x, t) from t = 1 (noise) to t = 0 (data) on an even grid, then clip to [-1, 1].
+def sample_ode(velocity: VelocityFn, noise: torch.Tensor, steps: int, method: Literal["euler", "heun"] = "heun",
+               clip: bool = True) -> torch.Tensor:
+    """Integrate dx/dt = v(x, t) from t = 1 (noise) to t = 0 (data) on an even grid, then clip to [-1, 1]
+    (`clip`; unbounded data, the gmm: mixtures, are left as they are).
 
     The same update as FlowMatching.sample (Euler; Heun = trapezoid with an Euler predictor,
     no corrector on the last step into t = 0), so one FM model sampled here gives the same result.
@@ -326,4 +334,4 @@ def sample_ode(velocity: VelocityFn, noise: torch.Tensor, steps: int, method: Li
             x = x + (t_next - t) * 0.5 * (v + v2)
         else:
             x = x_euler
-    return x.clamp(-1, 1)
+    return x.clamp(-1, 1) if clip else x

@@ -30,7 +30,7 @@ from dfbench import methods
 
 from dfbench.benchmark.core import runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig
-from dfbench.benchmark.engine import heldout, hierarchical, leakage, privacy
+from dfbench.benchmark.engine import ground_truth, heldout, hierarchical, leakage, privacy
 from dfbench.benchmark.engine.diffusion import default_sampler, fixed_noise
 from dfbench.benchmark.engine.resolve import apply_overrides, config_from_dict
 from dfbench.benchmark.metrics.drift import attach_drift
@@ -71,12 +71,19 @@ def pairing_fingerprints(cfg: RunConfig, ctx: Any) -> dict[str, str]:
     return {"init_sha256": tensor_sha256(ctx.init_params), "eval_noise_sha256": tensor_sha256(noise)}
 
 
+def generate_float(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor,
+                   sample: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """All evaluation samples from the fixed noises (shared by every method of a dataset), drawn by
+    `sample(params, noise, ctx)` (default: `method.sample`; else one of its `sample_variants`), as the
+    sampler returns them (float, in the model's space)."""
+    noise = fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)
+    return (method.sample if sample is None else sample)(params, noise, ctx).cpu()
+
+
 def generate(cfg: RunConfig, ctx: Any, method: methods.Method, params: torch.Tensor,
              sample: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
-    """All evaluation samples from the fixed noises (shared by every method of a dataset), drawn by
-    `sample(params, noise, ctx)` (default: `method.sample`; else one of its `sample_variants`)."""
-    noise = fixed_noise(cfg.eval.samples, ctx.image_shape, base=cfg.eval.noise_seed)
-    return to_uint8((method.sample if sample is None else sample)(params, noise, ctx).cpu())
+    """`generate_float`'s samples as uint8 images."""
+    return to_uint8(generate_float(cfg, ctx, method, params, sample))
 
 
 _LABEL = re.compile(r"[a-z0-9_]+")
@@ -166,6 +173,8 @@ def score(run: Path, cfg: RunConfig, samples: torch.Tensor, sampler: str, progre
 
     if cfg.eval.metrics == "none":  # training-only runs (tests, timing): samples and grid, no score
         return [], None, []
+    if cfg.eval.metrics == "auto" and ground_truth.is_ground_truth(cfg.data.dataset):
+        return [], None, []  # scored exactly (ground_truth.exact_rows), with no feature network
     client_indices, expert_of_client, split_size, why_no_clients = clients() if clients else (None, None, None, None)
     options = ScoreOptions(reference_split=cfg.eval.reference_split, data_root=cfg.data.root, device=cfg.device,
                            progress=progress, seed=cfg.seed, batch_size=cfg.eval.feature_batch)
@@ -231,13 +240,16 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     t0 = time.perf_counter()
     params = ema if ema is not None else state.params
     ctx = dataclasses.replace(ctx, progress=progress)  # sampling's bars; the run's context is not written
-    samples = generate(cfg, ctx, method, params)
+    raw = generate_float(cfg, ctx, method, params)
+    samples = to_uint8(raw)
     write_samples(d, samples)
     save_grid(samples, cfg.eval.grid, d / runfolder.GRID)
     sampler = sampler_of(cfg, method)
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
     if cfg.eval.metrics != "none":  # the model's own objective on held-out test images: no feature network
         rows += heldout.method_denoising_rows(cfg, ctx, method, params)
+    if cfg.eval.metrics != "none" and ground_truth.is_ground_truth(cfg.data.dataset):  # exact, against the mixture
+        rows += ground_truth.exact_rows(cfg.data.dataset, ctx, method, params, raw)
     if cfg.eval.leakage_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
         leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
         rows += [{**row, LEAKAGE: True} for row in leak]

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dfbench import datasets
+
 __all__ = ["DENOISE_IMAGES", "DENOISE_SEED", "DENOISE_TIMES", "METRIC", "denoising_loss", "heldout_set",
            "heldout_rows", "loss_row", "method_denoising_rows"]
 
@@ -51,7 +53,7 @@ def heldout_set(images: torch.Tensor, count: int = DENOISE_IMAGES, times: tuple[
     if n < 2:
         raise ValueError(f"the held-out denoising loss needs at least 2 test images, got {images.shape[0]}")
     idx = np.sort(np.random.default_rng(seed).choice(images.shape[0], n, replace=False))
-    x0 = images[torch.from_numpy(idx)].float().div(127.5).sub(1.0)
+    x0 = datasets.to_model_space(images[torch.from_numpy(idx)])
     gen = torch.Generator().manual_seed(seed)
     eps = torch.randn((len(times), *x0.shape), generator=gen)
     return x0, eps, idx
@@ -105,8 +107,6 @@ def heldout_rows(velocity: VelocityFn, test_images: torch.Tensor, dataset: str, 
 def method_denoising_rows(cfg: Any, ctx: Any, method: Any, params: torch.Tensor) -> list[dict[str, Any]]:
     """The held-out denoising loss of a trained run (the method's `velocity`, as it samples), on the
     run's device; the model is left in training mode, as sampling leaves it."""
-    from dfbench import datasets
-
     test = datasets.load(cfg.data.dataset, "test", root=cfg.data.root)
     try:
         return heldout_rows(method.velocity(params, ctx), test.images, cfg.data.dataset, ctx.device)

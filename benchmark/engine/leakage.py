@@ -71,7 +71,7 @@ def image_losses(ctx: Any, params: torch.Tensor, images: torch.Tensor, seed: int
     cfg = ctx.cfg
     obj = ctx.get_objective(cfg.train.objective)
     eps = torch.randn(tuple(images.shape), generator=torch_gen(seed, "membership", "noise"), dtype=torch.float32)
-    x0_all = images.float().div(127.5).sub(1.0)
+    x0_all = datasets.to_model_space(images)
     groups = params.reshape(-1, ctx.layout.total)
     best = np.full(images.shape[0], np.inf)
     ctx.model.eval()

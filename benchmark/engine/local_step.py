@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dfbench import datasets
 from dfbench.benchmark.core import numerics
 from dfbench.benchmark.engine.diffusion import DDPM, FlowMatching
 from dfbench.benchmark.engine.model import flatten_
@@ -59,7 +60,7 @@ class LocalResult:
 def draw_batch(images: torch.Tensor, indices: torch.Tensor, batch_size: int, gen: torch.Generator) -> torch.Tensor:
     """A batch (with replacement) from this client's own indices, on the device, scaled to [-1, 1]."""
     pick = torch.randint(0, indices.numel(), (batch_size,), generator=gen, device=indices.device)
-    return images[indices[pick]].float().div_(127.5).sub_(1.0)
+    return datasets.to_model_space(images[indices[pick]])
 
 
 def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager:

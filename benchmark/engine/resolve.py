@@ -102,10 +102,18 @@ def _check_data(d: Any) -> Any:
     """data.dataset names a built-in dataset or data users bring; the latter is read now (datasets/user_data.py:
     every check of its files runs, a DatasetError names the file) and its digest filled in or, when recorded,
     checked. A built-in dataset records none (its files are pinned by checksum). Returns the data section."""
+    if datasets.is_mixture(d.dataset):  # ground truth: the spec is checked (and made canonical) before any work
+        try:
+            spec = datasets.gmm_canonical(d.dataset)
+        except datasets.DatasetError as e:
+            raise ConfigError(f"invalid value for 'data.dataset': {e}") from None
+        require(d.sha256 == "", "data.sha256", d.sha256, "'' for a gmm: mixture (generated from its spec)")
+        return replace(d, dataset=spec)
     close = difflib.get_close_matches(str(d.dataset).lower(), datasets.DATASETS, n=1)
     require(d.dataset in datasets.DATASETS or datasets.is_user_data(d.dataset), "data.dataset", d.dataset,
-            f"{', '.join(datasets.DATASETS)}, or your own data: {', '.join(f'{k}:PATH' for k in datasets.USER_KINDS)} "
-            "(docs/your-own-data.md)" + (f"; did you mean {close[0]!r}?" if close else ""))
+            f"{', '.join(datasets.DATASETS)}, your own data: {', '.join(f'{k}:PATH' for k in datasets.USER_KINDS)} "
+            "(docs/your-own-data.md), or a ground-truth mixture: " + datasets.gmm.SYNTAX
+            + (f"; did you mean {close[0]!r}?" if close else ""))
     if data_kind(d.dataset) is None:
         require(d.sha256 == "", "data.sha256", d.sha256, "'' for the built-in datasets (their files are pinned by checksum)")
         return d
@@ -127,7 +135,7 @@ def _check_dataset_size(d: Any) -> None:
 
 def _check_model(cfg: RunConfig) -> None:
     """train.model beyond its name (benchmark/core/presets.py): a diffusers preset needs diffusers at the
-    pinned release, and a preset's down-sampling must take the dataset's image side."""
+    pinned release, and a preset's down-sampling must take the dataset's image side (a UNet no side of 1)."""
     name = cfg.train.model
     if name == "auto":
         return
@@ -135,10 +143,14 @@ def _check_model(cfg: RunConfig) -> None:
         problem = presets.diffusers_problem()
         require(problem is None, "train.model", name, f"auto or a built-in preset ({', '.join(presets.BUILTIN)}) "
                 f"until diffusers is usable; {problem}")
-    multiple = presets.side_multiple(name)
-    if multiple == 1:  # the built-in UNet takes any side
+    multiple, least = presets.side_multiple(name), presets.min_side(name)
+    if multiple == 1 and least == 1:  # the MLP takes any sample shape
         return
     _, h, w = (int(v) for v in datasets.data_info(cfg.data.dataset)["image_shape"])
+    require(min(h, w) >= least, "train.model", name,
+            f"a preset that takes {cfg.data.dataset}'s {h}x{w} samples, e.g. {presets.AUTO_VECTOR} (an MLP over the "
+            f"flattened sample; what auto picks): a side of 1 is a vector, not an image, and {name} is a UNet, whose "
+            "convolutions and down-sampling need images")
     require(h % multiple == 0 and w % multiple == 0, "train.model", name,
             f"a preset whose down-sampling takes {cfg.data.dataset}'s {h}x{w} images ({name} halves each side "
             f"until it is {multiple} times smaller, so it needs multiples of {multiple}), e.g. diffusers-tiny or auto")

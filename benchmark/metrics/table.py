@@ -15,6 +15,9 @@
     expert_<fd>_worst          <fd>'s     lower   client    train (the clients' own split)
     class_tv, low_classes      (labels)   lower   coverage  eval.*
     denoise_loss               (model)    lower   model     the test split (engine/heldout.py)
+    score_kl, velocity_mse,
+    frechet_exact              (mixture)  lower   exact     the known mixture (gmm: data; engine/ground_truth.py), rank -1
+    component_tv, nll_gap      (mixture)  lower   exact_diff  the known mixture (gmm: data)
 
 The independent checks of the ranking metric (``Metric.checks_ranking``: fd_fmnist_ae, a label-free space;
 denoise_loss, the held-out loss, no feature network) are declared here and nowhere else: a claim on the ranking
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 Better = Literal["lower", "higher"]
-Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage", "model"]
+Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage", "model", "exact", "exact_diff"]
 # "eval": compared with the run's eval.reference_split; "train": needs the training split the clients hold;
 # "own": the rows name their reference themselves (leakage: the clients' images vs the test split)
 ReferenceRule = Literal["eval", "train", "own"]
@@ -111,6 +114,14 @@ def _entries() -> list[Metric]:
     # the trained model's own objective on held-out test images, in velocity space (benchmark/engine/heldout.py):
     # no feature network; computed from the model, not the samples
     out += [Metric("denoise_loss", None, "lower", "model", reference="own", checks_ranking=True)]
+    # the ground-truth track (gmm: data, benchmark/engine/ground_truth.py): exact errors against the known mixture,
+    # no feature network. score_kl (the KL bound's score term) ranks first wherever it is present; the sample
+    # metrics are positive (frechet_exact: log scale) or can be 0 / negative (component_tv, nll_gap: differences)
+    out += [Metric("score_kl", None, "lower", "exact", reference="own", rank=-1),
+            Metric("velocity_mse", None, "lower", "exact", reference="own"),
+            Metric("frechet_exact", None, "lower", "exact", reference="own"),
+            Metric("component_tv", None, "lower", "exact_diff", reference="own"),
+            Metric("nll_gap", None, "lower", "exact_diff", reference="own")]
     # what a run leaks (eval.leakage_metrics; benchmark/engine/leakage.py): less is better, farther from
     # the training images is better; copy_rate_test_* is the held-out baseline (no contest, listed as lower)
     for space, ex in (("pixel", None), ("fmnist", "fmnist")):
@@ -150,7 +161,7 @@ def better(name: str) -> Better | None:
 # Kinds whose values are positive by construction (a Frechet distance of differing sets, a mean
 # squared error): compared on the log scale, as ratios, so no interval of them reaches zero. KID is an
 # unbiased estimate that can be negative; precision & co. and the class counts can be 0: differences.
-_LOG_KINDS: frozenset[str] = frozenset({"frechet", "client", "model"})
+_LOG_KINDS: frozenset[str] = frozenset({"frechet", "client", "model", "exact"})
 
 
 def scale(name: str) -> Literal["log", "difference"]:

@@ -36,7 +36,7 @@ from dfbench.benchmark.metrics import table as metric_table
 
 __all__ = ["QUALITY_KINDS", "REPLICATES", "block_agreement", "quality_metrics", "report_agreement"]
 
-QUALITY_KINDS = ("frechet", "kid", "model", "client")
+QUALITY_KINDS = ("frechet", "kid", "model", "client", "exact", "exact_diff")
 REPLICATES = 500
 _SEED = 0  # the resampling's own generator: the same report from the same runs, every time
 

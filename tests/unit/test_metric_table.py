@@ -24,8 +24,9 @@ def test_entries_are_consistent():
         assert m.name == name and m.better in ("lower", "higher")
         assert m.extractor is None or m.extractor in table.EXTRACTORS, name
         assert (m.reference == "train") == (m.kind == "client"), name  # per-client rows need the clients' split
-        # leakage rows and the model's held-out loss name their own reference (the clients' images, the test split)
-        assert (m.reference == "own") == (m.kind in ("leakage", "model")), name
+        # leakage rows, the model's held-out loss and the exact errors name their own reference (the clients' images,
+        # the test split, the known mixture)
+        assert (m.reference == "own") == (m.kind in ("leakage", "model", "exact", "exact_diff")), name
         assert m.requestable == (m.kind in ("frechet", "kid")), name
     # precision/recall/density/coverage in every extractor's space, better when higher, and the leakage
     # rows' nearest distances (farther from the images is better); the rest lower
@@ -56,7 +57,8 @@ def test_scoring_reads_the_table():
     with pytest.raises(ValueError, match="uses the label-free Fashion-MNIST autoencoder"):
         table.check_requested(["kid_fmnist_ae"], "cifar10")
     # the ranking metric stays the classifier's; the autoencoder's space is reported beside it
-    assert table.PRIMARY == ("fid", "fd_fmnist") and table.METRICS["fd_fmnist_ae"].rank is None
+    # (the ground-truth track's exact score error ranks first wherever it is present: only gmm: runs have it)
+    assert table.PRIMARY == ("score_kl", "fid", "fd_fmnist") and table.METRICS["fd_fmnist_ae"].rank is None
     with pytest.raises(ValueError, match="unknown metric"):
         table.check_requested(["precision_fmnist"], "fmnist")  # a quality row, not a metric one asks for
     assert table.reference_split_of("fid", "test") == "test" and table.reference_split_of("client_fid_mean", "test") == "train"
@@ -109,7 +111,7 @@ def test_drift_measures_in_the_table_s_extractors_only():
 def test_the_reporter_ranks_and_marks_direction_from_the_table():
     from dfbench.benchmark.report import frames
 
-    assert frames.PRIMARY_METRICS == table.PRIMARY == ("fid", "fd_fmnist")
+    assert frames.PRIMARY_METRICS == table.PRIMARY == ("score_kl", "fid", "fd_fmnist")
     assert all(table.better(m) == "lower" for m in table.PRIMARY)
     assert frames.primary_metric(["fd_fmnist", "fid", "kid"]) == "fid"
     assert frames.ordered_metrics(["kid", "fd_fmnist", "class_tv", "fid"]) == ["fid", "fd_fmnist", "class_tv", "kid"]

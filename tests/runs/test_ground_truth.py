@@ -1,0 +1,100 @@
+"""Whole runs on the ground-truth track (gmm: data): every registered method trains and is scored exactly,
+the exact-score anchor is the floor (score error 0, samples like fresh draws), and training beats the untrained
+network on every exact metric."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dfbench import datasets, methods
+from dfbench.benchmark.core.config import ConfigError, RunConfig
+from dfbench.benchmark.engine.lifecycle import run
+from dfbench.benchmark.engine.resolve import apply_overrides
+from dfbench.benchmark.metrics import table
+
+EXACT = ("score_kl", "velocity_mse", "component_tv", "frechet_exact", "nll_gap")
+LOW = "gmm:dim4?n=2000&test=500"
+SMALL = {"data.clients": 2, "train.model": "mlp-tiny", "train.local_steps": 50, "train.batch_size": 64, "eval.grid": 4,
+         "train.objective": "fm", "eval.sampler_steps": 20, "eval.samples": 2000}
+
+
+def _scores(d: Path) -> dict[str, dict]:
+    return {r["metric"]: r for r in json.loads((d / "metrics.json").read_text())["evaluations"]}
+
+
+def _run(tmp: Path, method: str, rounds: int, spec: str = LOW, **over) -> dict[str, dict]:
+    cfg = apply_overrides(RunConfig(), {"method": method, "data.dataset": spec, "train.rounds": rounds, **SMALL, **over})
+    return _scores(run(cfg, tmp, progress=False))
+
+
+def test_the_exact_metrics_are_declared_and_rank_first_on_ground_truth():
+    assert table.PRIMARY[0] == "score_kl"
+    assert [table.scale(m) for m in EXACT] == ["log", "log", "difference", "log", "difference"]
+    assert "exact_score" not in methods.list_methods() and "exact_score" in methods.list_methods(anchors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["fm", "ddpm"])
+def test_the_exact_score_is_the_floor_and_its_samples_are_like_fresh_draws(tmp_path, objective):
+    # execute: the anchor samples with the run's own sampler (Heun for flow matching, DDIM for DDPM), 100 steps
+    s = _run(tmp_path, "exact_score", 0, **{"train.objective": objective, "eval.sampler_steps": 100})
+    # assert: no score error but the float32 rounding of the network's output
+    assert s["score_kl"]["value"] < 1e-10 and max(s["velocity_mse"]["per_band"]["velocity_mse"]) < 1e-12
+    # its samples score as 2000 fresh exact draws do, within Monte Carlo error: component shares (TV of 2000
+    # multinomial draws over 8 components: ~0.03), moments, mean log-density (sd of log p here ~1.5: se 0.034)
+    assert s["component_tv"]["value"] < s["component_tv"]["fresh_draws"] + 0.03
+    assert s["frechet_exact"]["value"] < 3 * s["frechet_exact"]["fresh_draws"] + 0.01
+    assert abs(s["nll_gap"]["value"]) < 0.15
+
+
+def test_the_exact_score_refuses_image_data_and_training():
+    with pytest.raises(ConfigError, match="needs data whose score is known"):
+        apply_overrides(RunConfig(), {"method": "exact_score", "train.rounds": 0})
+    with pytest.raises(ConfigError, match="train.rounds=0"):
+        apply_overrides(RunConfig(), {"method": "exact_score", "data.dataset": LOW, **SMALL, "train.rounds": 3})
+
+
+@pytest.mark.slow
+def test_a_trained_model_beats_the_untrained_one_on_every_exact_metric(tmp_path):
+    # execute: the untrained network (the ceiling) and 1000 local steps of FedAvg from the same seed
+    untrained = _run(tmp_path, "fedavg", 0)
+    trained = _run(tmp_path, "fedavg", 10)
+    # assert: lower is better for each; the score error's intervals do not overlap
+    for metric in EXACT + ("denoise_loss",):
+        assert trained[metric]["value"] < untrained[metric]["value"], metric
+    assert trained["score_kl"]["ci_high"] < untrained["score_kl"]["ci_low"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", methods.list_methods())
+def test_every_method_trains_and_is_scored_exactly_on_an_image_shaped_mixture(tmp_path, name):
+    # prepare: the Fashion-MNIST-fitted mixture at side 8, the tiny UNet (every method runs on it unchanged)
+    over = {"data.clients": 4, "data.min_client_size": 4, "train.model": "tiny", "train.local_steps": 2,
+            "train.batch_size": 8, "eval.samples": 16, "eval.grid": 4, "eval.sampler_steps": 3}
+    cfg = apply_overrides(RunConfig(), {"method": name, "data.dataset": "gmm:fmnist8?n=400&test=100", "train.rounds": 1, **over})
+    # execute
+    d = run(cfg, tmp_path, progress=False)
+    # assert: done, every exact metric finite, the samples left unclipped (the float path)
+    assert json.loads((d / "status.json").read_text())["state"] == "done"
+    s = _scores(d)
+    assert all(np.isfinite(s[m]["value"]) for m in EXACT), {m: s[m]["value"] for m in EXACT}
+    assert s["score_kl"]["reference"].startswith(datasets.gmm_canonical("gmm:fmnist8?n=400&test=100"))
+
+
+def test_samplers_do_not_clip_unbounded_data():
+    # prepare: a flow-matching "network" whose velocity carries every point from noise to 3 x noise at t = 0
+    from dfbench.benchmark.engine import diffusion
+
+    noise = torch.full((2, 1, 1, 4), 0.9)
+    v = -2.0 * noise  # x(0) = x(1) - v = 3 * noise, outside [-1, 1]
+    fm = diffusion.make_objective("fm")
+    # execute
+    clipped = fm.sample(lambda x, t: v, noise, steps=4)
+    free = fm.sample(lambda x, t: v, noise, steps=4, clip=False)
+    # assert
+    assert torch.equal(clipped, torch.ones_like(noise)) and torch.allclose(free, 3 * noise)
