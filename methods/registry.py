@@ -52,13 +52,18 @@ def method_families() -> dict[str, list[str]]:
     return out
 
 
+def _anchors_note() -> str:
+    anchors = sorted(set(list_methods(anchors=True)) - set(list_methods()))
+    return f" (anchors: {', '.join(anchors)})" if anchors else ""
+
+
 def get_method_class(name: str) -> type[Method]:
     if name not in _REGISTRY:
         import difflib
 
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods(anchors=True))} (a method from "
+        raise KeyError(f"unknown method {name!r}{hint}; registered methods: {', '.join(list_methods())}{_anchors_note()} (a method from "
                        "outside dfbench: install its package, or pass --plugin MODULE / set DFBENCH_PLUGINS=MODULE; "
                        "docs/adding-a-method.md)")
     return _REGISTRY[name]

@@ -59,6 +59,10 @@ def _hierarchical(get: schema.Getter) -> bool:  # flat (no edge servers): the ed
     return bool(get("system.edges"))
 
 
+def _plateau_on(get: schema.Getter) -> bool:  # no plateau rule: where it would first check changes nothing
+    return bool(get("train.plateau"))
+
+
 def _curve_on(get: schema.Getter) -> bool:  # no curve: its sample count changes nothing
     return bool(get("eval.every"))
 
@@ -173,6 +177,11 @@ class TrainConfig:
     timesteps: int = declare(1000)  # DDPM discretisation
     model: Preset = declare("auto")
     ema: float = declare(0.0)  # server-side EMA of the global model over rounds (0 = off); evaluation uses it when on
+    # trained to the plateau (benchmark/engine/plateau.py): > 0 checks the plateau metric (score_kl on gmm: data, else
+    # the held-out denoise_loss) of the EMA model at rounds plateau_start, 2x, 4x, ... <= train.rounds (the cap) and
+    # stops at the first doubling that improves it by less than this fraction; 0 = train every round
+    plateau: float = declare(0.0, since=9, neutral=0.0)
+    plateau_start: int = declare(8, since=9, neutral=8, active=_plateau_on)  # the first check's round
     grad_clip: float = declare(1.0)  # max global grad norm per local step (0 = off)
     sigma1_probe_steps: int = declare(4)  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
     # -- speed knobs (see benchmark/engine/batched.py and `dfbench perf`) --
@@ -441,6 +450,13 @@ def check_fields(cfg: RunConfig) -> None:
     require(t.timesteps >= 2, "train.timesteps", t.timesteps, "an integer >= 2")
     require(t.model in typing.get_args(Preset), "train.model", t.model, ", ".join(typing.get_args(Preset)))
     require(0.0 <= t.ema < 1.0, "train.ema", t.ema, "a number in [0, 1)")
+    require(0.0 <= t.plateau < 1.0, "train.plateau", t.plateau, "a fraction in [0, 1) (0 = off; e.g. 0.05: stop when a doubling "
+            "of rounds improves the plateau metric by less than 5 %)")
+    if t.plateau > 0:
+        require(t.ema > 0, "train.ema", t.ema, "an EMA of the weights (e.g. 0.99) with train.plateau > 0: the rule compares the "
+                "EMA model's error between doublings, and under a constant rate the raw weights' error is too noisy to stop on")
+        require(1 <= t.plateau_start <= t.rounds, "train.plateau_start", t.plateau_start,
+                f"an integer in 1..train.rounds ({t.rounds}): the round of the first check")
     require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
     require(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
     require(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))

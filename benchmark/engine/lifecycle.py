@@ -32,7 +32,7 @@ from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
-from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, parallel, privacy
+from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, parallel, plateau, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.resolve import resolve
@@ -281,8 +281,15 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     curve = _curve(cfg, ctx, method, d, trackers) if writer and cfg.eval.every else None
     if curve is not None and ck is None:  # (a checkpoint, even of round 0, comes after this point)
         curve(0, ema if ema is not None else state.params, totals)  # the untrained model: the curve's first point
-    bar = _progress(range(start_round, cfg.train.rounds + 1), progress and writer, f"{cfg.method} rounds")
+    # the plateau rule (engine/plateau.py): its checks so far travel in the checkpoint's totals
+    checks_at = set(plateau.check_rounds(cfg.train.plateau_start, cfg.train.rounds)) if cfg.train.plateau > 0 else set()
+    totals.setdefault("plateau", [])
+    last = start_round - 1
+    # a run the rule stopped before it was killed (checkpointed at the deciding check) does not train on when resumed
+    end = last if cfg.train.plateau > 0 and plateau.should_stop(totals["plateau"], cfg.train.plateau) else cfg.train.rounds
+    bar = _progress(range(start_round, end + 1), progress and writer, f"{cfg.method} rounds")
     for r in bar:
+        last = r
         state, row = driver.step(state, r) if driver is not None else train_round(method, state, ctx, r)
         if writer and not owner():
             raise LockLost(f"the lock of {d} was taken over by another process (this one was presumed dead, "
@@ -305,16 +312,22 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
             raise Diverged(f"global model became non-finite in round {r} (lr={round_lr(cfg.train, r):g}); try a smaller train.lr or train.grad_clip")
         if ema is not None:
             ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)
+        stop = False
+        if r in checks_at:  # every rank computes it (same model, fixed draws): all stop together, no collective
+            totals["plateau"] = [*totals["plateau"], {"round": r, "value": plateau.plateau_value(cfg, ctx, method, ema)}]
+            stop = plateau.should_stop(totals["plateau"], cfg.train.plateau)
         if writer:
             runfolder.append_round(d, row)
             trackers.log_round(r, row)
             if curve is not None and (r % cfg.eval.every == 0 or r == cfg.train.rounds):
                 curve(r, ema if ema is not None else state.params, totals)  # before the checkpoint: a resume redoes it
-            if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds:
+            if r % cfg.checkpoint_every == 0 or r == cfg.train.rounds or r in checks_at:
                 runfolder.save_checkpoint(d, r, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals,
                                                  **({"driver": driver.state_dict()} if driver is not None else {})})
         if hasattr(bar, "set_postfix") and row["loss"] is not None:
             bar.set_postfix(loss=f"{row['loss']:.4f}")
+        if stop:
+            break
     # No collective after the last round: the other ranks leave now, rank 0 finalizes
     # (e.g. trains an expert mixture's router; finalize must not use collectives) and evaluates.
     if not writer:
@@ -324,7 +337,10 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
         raise LockLost(f"the lock of {d} was taken over by another process; stopping without evaluating")
     # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
     # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
-    runfolder.save_checkpoint(d, cfg.train.rounds, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    runfolder.save_checkpoint(d, last, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    if cfg.train.plateau > 0:
+        extra_metrics = {**extra_metrics, "rounds": last, "plateau": plateau.summary(
+            totals["plateau"], cfg.train.plateau, cfg.train.rounds, plateau.metric_name(cfg.data.dataset), last)}
     from dfbench.benchmark.engine.evaluate import eval_oom_message, evaluate_state
 
     try:
