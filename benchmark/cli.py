@@ -27,20 +27,34 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] "
                    f"(your own data: docs/your-own-data.md; default {d.dataset})")
     p.add_argument("--method", default="fedavg", help="a registered method (see `dfbench methods`)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--clients", type=int, default=d.clients)
+    p.add_argument("--seed", type=int, default=0, help="the run seed (partition, initial model, sampling noises)")
+    p.add_argument("--clients", type=int, default=d.clients, help="number of clients")
     p.add_argument("--rounds", type=int, default=t.rounds, help="communication rounds; 0 evaluates the untrained model")
-    p.add_argument("--local-steps", type=int, default=t.local_steps)
-    p.add_argument("--batch-size", type=int, default=t.batch_size)
-    p.add_argument("--lr", type=float, default=t.lr)
+    p.add_argument("--local-steps", type=int, default=t.local_steps, help="local training steps per client per round")
+    p.add_argument("--batch-size", type=int, default=t.batch_size, help="images per local step")
+    p.add_argument("--lr", type=float, default=t.lr, help="the clients' learning rate")
     p.add_argument("--partition", default=d.partition, help="iid | dirichlet:ALPHA | shards:K | quantity:SIGMA | clusters:K | flwr:NAME?PARAM=VALUE&... "
                         "(Flower Datasets' partitioners, e.g. flwr:dirichlet?alpha=0.5)")
-    p.add_argument("--eval-samples", type=int, default=e.samples)
-    p.add_argument("--sampler-steps", type=int, default=e.sampler_steps)
+    p.add_argument("--eval-samples", type=int, default=e.samples, help="images sampled for the evaluation")
+    p.add_argument("--sampler-steps", type=int, default=e.sampler_steps, help="sampler steps per evaluated image")
     p.add_argument("--data-root", default=None, help="data folder (else $DFBENCH_DATA, the system path, the fetch cache; --download or `dfbench fetch` fills the cache)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--set", dest="overrides", action="append", type=_kv, default=[], metavar="KEY=VALUE",
                    help="any config field, e.g. method.mu=0.01, train.objective=fm, system.participation=0.5 (repeatable)")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help that shows each option's default, "(default: X)" after its help (argparse's
+    ArgumentDefaultsHelpFormatter, minus the noise): not where the help already says its default, and not for
+    a switch (False), an empty list or None (nothing to name)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        value = action.default
+        if (not text or "default" in text.lower() or not action.option_strings or value is None
+                or value is argparse.SUPPRESS or isinstance(value, bool) or value == []):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _trackers(text: str) -> tuple[str, ...]:
@@ -86,14 +100,34 @@ def config_from_args(a: argparse.Namespace) -> RunConfig:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    import os
+
+    from dfbench.benchmark.core import runfolder
+
     if not a.dry_run:
         require_device(a.device)  # before the config: also names the fix for a device dfbench does not know (mps)
     cfg = config_from_args(a)
+    folder = runfolder.run_dir(a.out, cfg)
     if a.dry_run:
         print(json.dumps(cfg.record(), indent=2))
+        for line in dry_run_lines(cfg, folder):
+            print(line)
         return 0
+    # A finished run is said to be done before anything is written (no lock, no folder): a done run in a tree
+    # copied read-only, or shared, says "already done" instead of failing to take its lock. One process only:
+    # under torchrun every rank must take the same way, and only rank 0 may see the run folder's filesystem.
+    if not a.force and int(os.environ.get("WORLD_SIZE", "1")) == 1 and _finished(folder):
+        if pending := (_status_now(folder) or {}).get("evaluation_pending"):
+            print(f"note: evaluation pending: {pending}", file=sys.stderr)
+        for line in run_summary(folder, cfg, already=True):
+            print(line)
+        print(folder)
+        return 0
+    # before any work, in one line (rank 0 only under torchrun: the others may not see its filesystem)
+    if int(os.environ.get("RANK", "0")) == 0 and (problem := runfolder.write_problem(a.out, "--out", target=folder)):
+        print(f"dfbench: error: {problem}", file=sys.stderr)
+        return 1
     from dfbench.benchmark.engine import distributed
-    from dfbench.benchmark.core import runfolder
     from dfbench.benchmark.core.lock import LockHeld, LockLost
     from dfbench.benchmark.engine.lifecycle import Interrupted, OutOfMemory, run
 
@@ -105,7 +139,6 @@ def cmd_run(a: argparse.Namespace) -> int:
         except FetchError as err:
             print(f"dfbench: error: {err}", file=sys.stderr)
             return 1
-    folder = runfolder.run_dir(a.out, cfg)
     before = _status_now(folder)  # the same status after the run: it was done already, nothing ran
     with stop_on_signals():
         distributed.init_from_env(cfg.device)  # no-op unless torchrun started several ranks
@@ -135,6 +168,34 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(d)  # the last line: scripts take the run folder from it (scripts/gpu_check.py)
     distributed.shutdown()
     return 0
+
+
+def _finished(folder: Path) -> bool:
+    """Is the run folder a run that ended for good (done or diverged) and whole? (The life cycle asks the same,
+    after taking the lock; asked first here, it needs no write.)"""
+    from dfbench.benchmark.core import runfolder
+
+    if not folder.is_dir() or runfolder.damaged(folder):
+        return False
+    return (_status_now(folder) or {}).get("state") in runfolder.FINAL_STATES
+
+
+def dry_run_lines(cfg: RunConfig, folder: Path) -> list[str]:
+    """What `dfbench run --dry-run` says below the config: the model preset train.model=auto stands for, and the
+    run folder the run would write (the last line, as a real run's), with what a run would do there."""
+    from dfbench.benchmark.engine.model import resolve_preset
+
+    preset = resolve_preset(cfg.train.model, cfg.data.dataset)
+    model = (f"train.model: auto = {preset} (the preset dfbench picks for {cfg.data.dataset})"
+             if cfg.train.model == "auto" else f"train.model: {preset}")
+    st = _status_now(folder) if folder.is_dir() else None
+    if st is None:
+        state = "not there yet: the run would create it" if not folder.exists() else "no status yet: the run would start it"
+    elif _finished(folder):
+        state = f"{st.get('state')}: the run would say so and train nothing (--force runs it again)"
+    else:
+        state = f"{st.get('state')}: the run would resume it from its newest checkpoint"
+    return [model, f"run folder ({state}):", str(folder)]
 
 
 def _status_now(d: Path) -> dict[str, Any] | None:
@@ -282,9 +343,19 @@ def cmd_grid(a: argparse.Namespace) -> int:
 
 
 def cmd_methods(a: argparse.Namespace) -> int:
+    import difflib
+
     from dfbench import methods
 
-    for name in methods.list_methods(a.pattern):
+    found = methods.list_methods(a.pattern)
+    if not found:  # a misspelt name or a pattern that matches nothing: say so, and what there is
+        names = methods.list_methods()
+        close = difflib.get_close_matches(a.pattern, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"dfbench: error: no method matches {a.pattern!r}{hint}; registered methods: {', '.join(names)} (a "
+              f"pattern may use * and ?, e.g. 'fed*')", file=sys.stderr)
+        return 2
+    for name in found:
         cls = methods.get_method_class(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         print(f"{name}: {doc}")
@@ -307,6 +378,11 @@ def cmd_report(a: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from dfbench.benchmark.core.runfolder import write_problem
+
+    if (problem := write_problem(a.out, "--out")) is not None:  # before any run folder is read, in one line
+        print(f"dfbench: error: {problem}", file=sys.stderr)
+        return 1
     if a.from_csv:
         from dfbench.benchmark.report.build import rerender
 
@@ -503,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the run folder.")
     add_run_args(r)
     r.add_argument("--out", default=DEFAULT_OUT, help=f"root of the run folders (default {DEFAULT_OUT})")
-    r.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    r.add_argument("--dry-run", action="store_true", help="print the resolved config, the model preset it trains "
+                   "(train.model=auto resolved) and, last, the run folder it would write; run nothing")
     r.add_argument("--force", action="store_true", help="delete the run folder and start over")
     r.add_argument("--wait", action="store_true", help="if another process owns the run folder, wait for it "
                    "instead of stopping at once with exit code 1")
@@ -515,7 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     m = sub.add_parser("methods", help="list registered methods and their hyperparameters")
-    m.add_argument("pattern", nargs="?", default="*")
+    m.add_argument("pattern", nargs="?", default="*",
+                   help="a method name or a glob over the names, e.g. 'fed*' (default: every method; one that matches "
+                        "none is refused)")
     add_plugin_args(m)
     m.set_defaults(func=cmd_methods)
 
@@ -537,11 +616,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="no run folders: re-render --out's leaderboard.md and .html (and the plots drawn from the table: "
                           "metric vs alpha, metric vs uplink) from its leaderboard.csv and report.json; mosaics and "
                           "other plots are kept as they are")
-    rep.add_argument("--reference", default="fedavg",
+    rep.add_argument("--reference", default=None,
                      help="the setting every other one is compared with, seed-paired, in each block: a method without "
-                          "hyperparameters (default fedavg), a claims-file spec ('experts?mixing=full'), or a setting's "
-                          "label or page name. Where it runs at several budgets, a setting meets the one of its own "
-                          "budget, else the one named just so; the others meet that one")
+                          "hyperparameters (default: the reference method, fedavg), a claims-file spec "
+                          "('experts?mixing=full'), or a setting's label or page name; one that names no setting of the "
+                          "runs is refused, naming those there are. Where it runs at several budgets, a setting meets "
+                          "the one of its own budget, else the one named just so; the others meet that one")
     rep.add_argument("--margin", type=float, default=None,
                      help="equivalence margin as a fraction of the reference's score (default 0.1: within ±10%% is "
                           "'equivalent' when two one-sided tests say so)")
@@ -670,8 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--variants", action=argparse.BooleanOptionalAction, default=None,
                     help="also time bf16 / channels_last / compile (default: on CUDA only)")
     pf.add_argument("--repeats", type=int, default=2, help="best of this many timings")
-    pf.add_argument("--out", default="results/perf.md")
+    pf.add_argument("--out", default="results/perf.md", help="the speed table's Markdown file")
     pf.set_defaults(func=cmd_perf)
+    for command in sub.choices.values():  # every command's --help names its options' defaults
+        command.formatter_class = DefaultsHelpFormatter
     return p
 
 
@@ -757,11 +839,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python flushes stdout at exit)
             return 141  # 128 + SIGPIPE, as a command the signal ended
         except OSError as err:
-            msg = _disk_full_message(err, args.command)
+            msg = _disk_full_message(err, args.command) or _unwritable_message(err)
             if msg is None:
                 raise
             print(msg, file=sys.stderr)
             return 1
+
+
+def _unwritable_message(err: OSError) -> str | None:
+    """One line for a file operation the filesystem refused (permission, read-only filesystem, a file where a
+    folder must be) that the checks before the work did not foresee (e.g. root in a folder chmod'ed read-only,
+    or a tree changed meanwhile); None for any other OSError."""
+    import errno
+
+    if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR):
+        return None
+    where = str(err.filename) if err.filename else "a file (the error names none)"
+    fix = {errno.EROFS: "use a writable filesystem (another --out)",
+           errno.ENOTDIR: "move that file away or pass another --out",
+           errno.EISDIR: "move that folder away or pass another --out"}.get(err.errno, "fix its permissions or pass another --out")
+    return f"dfbench: error: {err.strerror or err}: {where}; {fix}, then rerun the same command"
 
 
 def _disk_full_message(err: OSError, command: str) -> str | None:

@@ -8,7 +8,7 @@ mean client update as a pseudo-gradient and feeds it to an optimizer of its own:
     fedavgm     m_t = beta m_{t-1} + Delta_t;            x_{t+1} = x_t + eta m_t
                 (server momentum, Hsu et al. 2019; the heavy-ball form of SGD with momentum)
     fedadagrad  m_t = beta1 m_{t-1} + (1 - beta1) Delta_t
-                v_t = v_{t-1} + Delta_t^2
+                v_t = v_{t-1} + Delta_t^2            (no beta2: method.beta2 is refused for it)
     fedyogi     v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)
     fedadam     v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2
                 x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)   (all three adaptive methods)
@@ -102,7 +102,7 @@ class AdaptiveConfig:
     METHOD: ClassVar[str] = "fedadam"
     server_lr: float = 1e-2  # eta
     beta1: float = 0.9
-    beta2: float = 0.99  # unused by fedadagrad
+    beta2: float = 0.99  # not fedadagrad's: it refuses any other value (the field stays so its run ids do)
     tau: float = 1e-3  # adaptivity: the floor of the denominator, and v_{-1} = tau^2
 
     def validate(self) -> None:
@@ -141,6 +141,16 @@ class FedAdagrad(_Adaptive):
     @dataclass(frozen=True)
     class Config(AdaptiveConfig):
         METHOD: ClassVar[str] = "fedadagrad"
+
+        def validate(self) -> None:
+            super().validate()
+            # Adagrad sums every Delta_t^2: it has no beta2. The field stays, at the shared default, only
+            # because published fedadagrad run ids hash it (config.json records beta2 = 0.99); any other
+            # value would make a new run id for the very same training, so it is refused.
+            if self.beta2 != AdaptiveConfig.beta2:
+                raise ValueError(f"'method.beta2' is not a hyperparameter of 'fedadagrad' (Adagrad's v_t = v_{{t-1}} + "
+                                 f"Delta_t^2 has no decay; got {self.beta2!r}): leave it out, or use fedadam / "
+                                 f"fedyogi, whose second moment uses it")
 
     def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
         return v + d2

@@ -13,7 +13,8 @@ runs, the owner refreshes the file's modification time every `heartbeat` seconds
 thread; torch releases the GIL, so a busy run still beats), setting it from its own clock so
 that readers compare like with like. A lock is stale, and is taken over with a warning, when
 
-    the owner is on this host (same hostname and boot id) and its pid no longer exists, or
+    the owner is on this host (same hostname and boot id) and its pid no longer exists or is a
+    zombie (exited, not yet reaped by its parent: on Linux, state Z in /proc/<pid>/stat), or
     no heartbeat came for longer than $DFBENCH_LOCK_STALE seconds (default 300), any host.
 
 The second rule covers dead owners on other nodes, a reused pid, and a reboot. It assumes the
@@ -80,6 +81,19 @@ def _boot_id() -> str:
         return ""
 
 
+def _zombie(pid: int) -> bool:
+    """True when `pid` has exited but its parent has not reaped it yet (Linux: state 'Z' in /proc/<pid>/stat).
+    Such a process still answers os.kill(pid, 0) -- a SIGKILLed grid worker whose parent is busy elsewhere
+    is one -- yet it will never heartbeat again. False where /proc is not there (the os.kill answer stands)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "<pid> (<comm>) <state> ...": comm may hold spaces and parentheses, so split after the last ')'
+    fields = stat.rpartition(")")[2].split()
+    return bool(fields) and fields[0] in ("Z", "X")  # zombie, or dead (seen for a moment while it is reaped)
+
+
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:  # os.kill(0 or -1, ...) would address a process group, not a process
         return False
@@ -88,8 +102,8 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        return not _zombie(pid)
+    return not _zombie(pid)
 
 
 @dataclass(frozen=True)
@@ -115,7 +129,8 @@ class LockInfo:
         stale_s = stale_from_env() if stale_s is None else stale_s
         if self.host == socket.gethostname() and self.boot_id == _boot_id():
             if not _pid_alive(self.pid):
-                return f"pid {self.pid} no longer exists on this host"
+                zombie = " (it exited; a zombie its parent has not reaped yet)" if _zombie(self.pid) else ""
+                return f"pid {self.pid} no longer exists on this host{zombie}"
         quiet = time.time() - self.heartbeat
         if quiet > stale_s:
             return f"no heartbeat for {quiet:.0f} s (> ${STALE_ENV} = {stale_s:g} s)"

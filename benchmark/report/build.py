@@ -84,8 +84,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
         raise FileNotFoundError(f"no run folders under {root} (a run folder holds a {runfolder.CONFIG}), so there is "
                                 f"nothing to report and nothing was written; make runs with `dfbench run --out {root}` "
                                 f"or `dfbench grid demo --out {root}`, or report the folder that holds them")
+    data = collect(root, target, reference=reference, margin=margin)  # a bad --reference or duplicate runs stop here
     out.mkdir(parents=True, exist_ok=True)
-    data = collect(root, target, reference=reference, margin=margin)
     images: dict[str, Path] = {}
     notes: list[str] = []
 

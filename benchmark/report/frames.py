@@ -491,6 +491,31 @@ def is_reference(row: Mapping[str, Any], reference: str, name: str | None = None
             or (str(row.get("method")) == reference and not present(row.get("params"))))
 
 
+def check_reference(table: pd.DataFrame, reference: str) -> None:
+    """ValueError unless `reference` (`--reference`) is a setting of at least one block of `table` (`is_reference`):
+    a misspelt one would silently fall back to the reference method everywhere. The message names the
+    settings there are, the closest to `reference` first."""
+    import difflib
+
+    known: list[str] = []
+    for _, block in table.groupby(["dataset", "partition"], sort=False):
+        names = setting_names(block)
+        for idx in block.index:
+            if is_reference(block.loc[idx], reference, names.get(idx)):
+                return
+            if not bool(block.at[idx, "baseline"]):
+                known += [names[idx], str(block.at[idx, "setting"])]
+                if not present(block.at[idx, "params"]):
+                    known.append(str(block.at[idx, "method"]))
+    known = list(dict.fromkeys(known))
+    close = difflib.get_close_matches(reference, known, n=len(known), cutoff=0.0)
+    order = close + [k for k in known if k not in close]
+    hint = f" (did you mean {close[0]!r}?)" if close and difflib.get_close_matches(reference, known, n=1) else ""
+    raise ValueError(f"--reference {reference!r} is no setting of these runs{hint}; the settings there are, closest "
+                     f"first: {', '.join(repr(k) for k in order) or 'none (only untrained baselines)'} (a method without "
+                     f"hyperparameters, a setting's label or page name, or a claims-file spec such as 'fedavg?train.lr=0.003')")
+
+
 def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, reference: str,
                    names: Mapping[Any, str] | None = None) -> list[verdicts.Setting]:
     """The block's settings as the verdicts see them: per seed the metric, the run's own interval and
@@ -528,6 +553,10 @@ DECIDED = ("better", "worse", "equivalent")  # a paired verdict that decides a c
 # what the paired column adds (issue 54, items 1 and 4): the same contrast on each independent check of the ranking
 # metric (`metrics.table.independent_checks`), whether they agree, and whether the two settings had the same budget
 ACROSS_COLUMNS = ("other_metrics", "metrics_agree", "budget")
+#: what the page says of a contrast on a single paired seed (no spread: nothing was tested), wherever it shows one:
+#: the main table's paired column and the "Paired verdicts on every metric" table (leaderboard.csv keeps the
+#: verdict "inconclusive" beside paired_seeds = 1)
+ONE_SEED = "(1 seed: not tested)"
 
 
 def _lean(metric: str, estimate: float, scale: str) -> str | None:
@@ -565,7 +594,9 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, prima
             est, v = float(other.get("estimate", math.nan)), str(other["verdict"])
             ratio = other["_scale"] == "log"
             shown = (f"×{est:.3g}" if ratio else f"{est:+.3g}") if math.isfinite(est) else ""
-            said.append(" ".join(x for x in (m, shown, "undecidable (no spread)" if v == "undecidable" else v) if x))
+            word = ("undecidable (no spread)" if v == "undecidable" else
+                    ONE_SEED if v == "inconclusive" and not float(other.get("paired_seeds") or 0) > 1 else v)
+            said.append(" ".join(x for x in (m, shown, word) if x))
             verdicts_seen.append(v)
             leans.append(_lean(m, est, other["_scale"]))
         if not checks:
@@ -591,6 +622,8 @@ def _rank_and_compress(table: pd.DataFrame, metrics: Sequence[str], runs: pd.Dat
     (verdicts.block_verdicts) and the uplink ratio vs the
     reference method (`names.reference_method`, FedAvg)."""
     plain = reference_method()
+    if reference is not None:
+        check_reference(table, reference)
     reference = plain if reference is None else reference
     table = table.copy()
     table["primary_metric"] = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from dfbench.benchmark.report.formatting import (
     _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
     interval_sentence, rank_text, safe_name,
 )
+from dfbench.benchmark.report.frames import ONE_SEED
 from dfbench.benchmark.report.names import hyperparameters, is_baseline, reference_method, setting_names, setting_parts
 from dfbench.benchmark.report.names import shown as _shown
 from dfbench.benchmark.report.names import usual_config, varying_config
@@ -125,6 +127,7 @@ def _arrow(metric: str) -> str:
 
 
 SECONDARY = (  # (title, metric kinds) in page order
+    ("Exact error against the known mixture (ground truth)", ("exact", "exact_diff")),
     ("Sample quality beyond the ranking metric", ("frechet", "kid", "model", "prdc", "coverage", "quality")),
     ("Per client and per expert", ("client",)),
     ("Leakage: memorization and membership inference", ("leakage",)),
@@ -180,7 +183,7 @@ def verdict_text(row: Mapping[str, Any]) -> str:
         if not (math.isnan(low) or math.isnan(high)):
             value += f" [{fmt_number(low, 3)}, {fmt_number(high, 3)}]" if ratio else f" [{low:+.3g}, {high:+.3g}]"
     if one_seed(row):
-        return f"{value} (1 seed: not tested)".strip()
+        return f"{value} {ONE_SEED}".strip()
     text = f"{'undecidable (no spread)' if verdict == 'undecidable' else verdict} {value}".strip()
     if not math.isnan(n) and n != to_float(row.get("n")):
         text += f", {int(n)} paired seed{'s' if n != 1 else ''}"
@@ -565,11 +568,15 @@ def _across_table(block: pd.DataFrame, labels: Mapping[int, str], primary: str, 
             continue
         rank, rank_key = _rank_cell(r)
         verdict = str(r.get("verdict") or "")
+        checks = _cell(r, "other_metrics")
+        if one_seed(r):  # as the main table's paired column says it (a CSV written before it said so, too)
+            verdict = ONE_SEED
+            checks = re.sub(r"\binconclusive\b", ONE_SEED, checks)
         est = to_float(r.get("estimate"))
         ratio = metric_table.scale(primary) == "log"
         shown = "" if math.isnan(est) else (f"×{fmt_number(est, 3)}" if ratio else f"{est:+.3g}")
         cells = [rank, labels[idx], f"{primary} {shown} {verdict}".replace("  ", " ").strip(),
-                 _cell(r, "other_metrics"), agree or "–", budget or "–"]
+                 checks, agree or "–", budget or "–"]
         rows.append(cells)
         keys.append([rank_key, *cells[1:]])
     note = (f"Each setting's contrast with {reference} (the paired column) tested the same way on each independent "

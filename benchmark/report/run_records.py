@@ -198,8 +198,17 @@ def _running_or_unfinished(path: Path, progress: str) -> tuple[str, str]:
     return "unfinished", f"unfinished, not running ({stale}: killed or preempted): {progress}; a rerun resumes it"
 
 
+class DuplicateRuns(ValueError):
+    """One run id in several run folders whose results differ: the reporter cannot tell which one to report."""
+
+
 def load_runs(root: str | Path) -> tuple[list[RunRecord], list[RunFailure]]:
-    """Read every run folder under ``root``; return (done runs, everything else)."""
+    """Read every run folder under ``root``; return (done runs, everything else).
+
+    A run id in several folders (trees copied from two machines into one): copies with identical results are
+    one run, the first by path order is kept and the others are named in its warnings; a copy that did not
+    finish beside one that did is left out the same way. Finished copies whose results differ raise
+    `DuplicateRuns`, naming the folders, since no rule can say which of them is the run: keep one of them."""
     done: list[RunRecord] = []
     failures: list[RunFailure] = []
     for run_dir in find_run_dirs(root):
@@ -207,9 +216,58 @@ def load_runs(root: str | Path) -> tuple[list[RunRecord], list[RunFailure]]:
         if isinstance(result, RunRecord):
             done.append(result)
         else:
-            logger.info("run %s not in leaderboard: %s (%s)", result.run_id, result.state, result.reason)
             failures.append(result)
+    done, failures = _one_copy_per_run(done, failures)
+    for result in failures:
+        logger.info("run %s not in leaderboard: %s (%s)", result.run_id, result.state, result.reason)
     return done, failures
+
+
+def _result_of(record: RunRecord) -> Any:
+    """What two copies of one run (one run id: one config, up to paths and the device index) must share to be the
+    same run: its scores and its rounds, measured wall-clock times and the machine that ran it aside."""
+    metrics = {k: v for k, v in record.metrics.items() if k != "environment" and not k.endswith("wall_seconds")}
+    return (json.dumps(metrics, sort_keys=True, default=str),
+            [runfolder.without_wall_clock(r) for r in record.rounds])
+
+
+def _one_copy_per_run(done: list[RunRecord], failures: list[RunFailure]) -> tuple[list[RunRecord], list[RunFailure]]:
+    """`load_runs`' rule for a run id found in several folders (see there); the lists keep path order."""
+    copies: dict[str, list[RunRecord]] = {}
+    for rec in done:
+        copies.setdefault(rec.run_id, []).append(rec)
+    differing = {rid: recs for rid, recs in copies.items()
+                 if len(recs) > 1 and any(_result_of(r) != _result_of(recs[0]) for r in recs[1:])}
+    if differing:
+        said = "; ".join(f"{rid} in {', '.join(str(r.path) for r in recs)}" for rid, recs in differing.items())
+        raise DuplicateRuns(
+            f"{len(differing)} run id(s) are in several run folders with different results (copied from different "
+            f"machines?): {said}. A run id names one run: keep one folder of each (move the others out of the runs "
+            f"tree), then report again; nothing was written")
+    kept: list[RunRecord] = []
+    for rec in done:
+        first = copies[rec.run_id][0]
+        if rec is first:
+            kept.append(rec)
+            continue
+        note = f"{rec.path} is a second copy of run {rec.run_id} (identical results): the first, {first.path}, is reported"
+        first.warnings.append(note)
+        logger.warning("report: %s", note)
+    left: list[RunFailure] = []
+    failed_copies: dict[str, list[RunFailure]] = {}
+    for fail in failures:
+        if fail.run_id in copies:  # the same run finished in another folder: that one is the run
+            note = (f"{fail.path} is another copy of run {fail.run_id} ({fail.state}), which finished in "
+                    f"{copies[fail.run_id][0].path}: the finished one is reported")
+            copies[fail.run_id][0].warnings.append(note)
+            logger.warning("report: %s", note)
+            continue
+        failed_copies.setdefault(fail.run_id, []).append(fail)
+        left.append(fail)
+    for rid, fails in failed_copies.items():
+        if len(fails) > 1:
+            logger.warning("report: run %s is in %d unfinished folders: %s", rid, len(fails), ", ".join(str(f.path) for f in fails))
+    return kept, left
 
 
 # ---------------------------------------------------------------------------

@@ -86,6 +86,34 @@ def test_same_host_dead_pid_is_taken_over_at_once_with_a_warning(tmp_path):
     lk.release()
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="zombies are read from /proc (Linux)")
+def test_a_sigkilled_holder_not_yet_reaped_is_taken_over_at_once(tmp_path):
+    # issue 61: a SIGKILLed grid worker whose parent has not reaped it is a zombie; os.kill(pid, 0)
+    # still succeeds on it, so the lock counted it alive and the cell stayed taken until the heartbeat rule
+    folder = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.kill()  # SIGKILL, and no wait(): the child stays a zombie of this process
+        def state() -> str:  # the third field of /proc/<pid>/stat, read here as the test's own witness
+            return Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+        deadline = time.time() + 10
+        while state() != "Z" and time.time() < deadline:
+            time.sleep(0.01)
+        assert state() == "Z", "the killed child should be a zombie until it is reaped"
+        os.kill(child.pid, 0)  # what the old check asked: it still succeeds on a zombie
+        _write_lock(folder, host=socket.gethostname(), pid=child.pid, age_s=0.0)
+        reason = L.read_lock(folder).stale_reason(stale_s=1e6)  # the heartbeat rule alone would wait for days
+        assert reason is not None and f"pid {child.pid} no longer exists" in reason and "zombie" in reason
+        lk = L.RunLock(folder, stale_s=1e6)
+        with pytest.warns(UserWarning, match=f"took over the stale lock .* pid {child.pid} no longer exists"):
+            assert lk.try_acquire()
+        lk.release()
+    finally:
+        child.wait()
+    assert L._pid_alive(os.getpid())  # a live process is still alive
+
+
 def test_other_host_is_stale_only_after_the_heartbeat_threshold(tmp_path, monkeypatch):
     folder = tmp_path / "run"
     _write_lock(folder, host="node-17", pid=os.getpid() + 10**6, age_s=50)

@@ -3,6 +3,8 @@ reduction, and bitwise resume after SIGKILL (optimizer state in the checkpoint).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,3 +145,26 @@ def test_fedadam_resumes_bitwise_after_sigkill(tmp_path, tiny_data):
     a, b = runfolder.load_checkpoint(d)["extra"], runfolder.load_checkpoint(ref)["extra"]
     assert torch.equal(a["server_m"], b["server_m"]) and torch.equal(a["server_v"], b["server_v"])
     assert rows(d) == rows(ref)
+
+
+def test_fedadagrad_refuses_a_beta2_it_never_uses_and_keeps_its_published_run_ids():
+    # issue 61: fedadagrad took method.beta2, ignored it in training, and still hashed it into a new run id
+    from dfbench.benchmark.core.config import ConfigError
+    from dfbench.benchmark.engine.resolve import config_from_dict
+    from dfbench.benchmark.run_flags import config_from_flags
+
+    with pytest.raises(ValueError, match=r"'method\.beta2' is not a hyperparameter of 'fedadagrad'"):
+        methods.create_method("fedadagrad", beta2=0.5)
+    with pytest.raises(ConfigError, match=r"method\.beta2.*fedadagrad.*fedadam / fedyogi"):
+        config_from_flags({"method.beta2": 0.9}, "fedadagrad")
+    for name in ("fedadam", "fedyogi"):  # theirs uses it
+        assert methods.create_method(name, beta2=0.5).config.beta2 == 0.5
+    # the default stays a field, so every committed fedadagrad config.json (which records beta2 = 0.99) reads back
+    # to its own run id, and a plain fedadagrad run has the id it always had
+    committed = sorted((Path(__file__).resolve().parents[2] / "results").glob("**/fedadagrad/*/config.json"))
+    assert committed, "the committed studies have fedadagrad runs"
+    for path in committed[:3]:
+        stored = json.loads(path.read_text())
+        assert stored["method_params"]["beta2"] == 0.99
+        assert config_from_dict(stored).run_id() == stored["run_id"] == path.parent.name
+    assert config_from_flags({}, "fedadagrad").run_id() == config_from_flags({"method.beta2": 0.99}, "fedadagrad").run_id()

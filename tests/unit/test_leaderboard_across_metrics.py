@@ -99,3 +99,27 @@ def test_a_single_paired_seed_is_not_tested_across_metrics_either(tmp_path):
     (sec,) = sections(data.table, data.metrics, PageMeta(), {})
     col = next(i for i, h in enumerate(sec.main.headers) if h.endswith("(paired)"))
     assert not any("metric-dependent" in r[col] for r in sec.main.rows)
+
+
+def test_one_seed_says_not_tested_in_both_tables_and_in_a_page_rerendered_from_an_old_csv(tmp_path):
+    # issue 61, item 7: with one seed the main table said "1 seed: not tested" while "Paired verdicts on every metric"
+    # said "inconclusive" for the very same contrast
+    runs = tmp_path / "runs"
+    make_run(runs, "s0-fa", seed=0, evaluations=[fd(100.0), _loss(0.5)])
+    make_run(runs, "s0-fp", seed=0, method="fedprox", params={"mu": 0.01}, evaluations=[fd(50.0), _loss(0.6)])
+    data = collect(runs)
+    assert _row(data, "fedprox")["verdict"] == "inconclusive"  # the CSV keeps the verdict, beside paired_seeds = 1
+    (sec,) = sections(data.table, data.metrics, PageMeta(), {})
+    col = next(i for i, h in enumerate(sec.main.headers) if h.endswith("(paired)"))
+    main_cell = {r[1]: r[col] for r in sec.main.rows}["fedprox"]
+    assert main_cell.endswith("(1 seed: not tested)")
+    (across,) = [t for t in sec.secondary if t.title == "Paired verdicts on every metric"]
+    (row,) = across.rows
+    assert row[1].startswith("fedprox") and "inconclusive" not in " ".join(row[2:4])
+    assert row[2] == "fd_fmnist ×0.5 (1 seed: not tested)" and row[3] == "denoise_loss ×1.2 (1 seed: not tested)"
+    # a leaderboard.csv written before (its other_metrics say "inconclusive") re-renders the same way
+    old = data.table.copy()
+    old["other_metrics"] = old["other_metrics"].str.replace("(1 seed: not tested)", "inconclusive", regex=False)
+    (sec_old,) = sections(old, data.metrics, PageMeta(), {})
+    (across_old,) = [t for t in sec_old.secondary if t.title == "Paired verdicts on every metric"]
+    assert across_old.rows == across.rows
