@@ -1,5 +1,6 @@
 """Whether two settings had the same training budget: the client work (images trained on by clients, in
-full-model units) and the rounds of client training (issue 54, item 4). A claim's `budget` column
+full-model units) and the rounds of client training (issue 54, item 4); with the plateau rule
+(engine/plateau.py), whether both trained to their plateau or a side was still improving at the cap. A claim's `budget` column
 (`claims.decide`) and a leaderboard contrast's (`frames`, the paired column) both say it from here.
 """
 
@@ -28,6 +29,9 @@ def compare(sides: Sequence[pd.DataFrame]) -> str:
     settings A and B. Client work is runs.csv's client_images where every run records it, else rounds x
     local_steps x batch_size x clients x participation from the config columns; each side's mean."""
     rows = pd.concat(list(sides))
+    if at_plateau(sides):  # trained until they stopped improving: a budget difference is what the rule decided
+        done = [float(pd.to_numeric(s["rounds_done"], errors="coerce").mean()) for s in sides]
+        return f"{AT_PLATEAU} (rounds A: {done[0]:g}, B: {done[1]:g})"
     work: list[float] = []
     if "client_images" in rows and pd.to_numeric(rows["client_images"], errors="coerce").notna().all():
         work = [float(pd.to_numeric(s["client_images"]).mean()) for s in sides]
@@ -50,4 +54,37 @@ def compare(sides: Sequence[pd.DataFrame]) -> str:
         differ.append(f"client work A: {work[0]:,.0f}, B: {work[1]:,.0f}")
     if rounds and not math.isclose(rounds[0], rounds[1], rel_tol=1e-9):
         differ.append(f"rounds A: {rounds[0]:g}, B: {rounds[1]:g}")
-    return f"{UNEQUAL} ({'; '.join(differ)})" if differ else "equal"
+    text = f"{UNEQUAL} ({'; '.join(differ)})" if differ else "equal"
+    return text + convergence(sides)
+
+
+AT_PLATEAU = "both at their plateau"  # every run of both sides stopped by the plateau rule
+
+
+def at_plateau(sides: Sequence[pd.DataFrame]) -> bool:
+    """Whether every run of every side ran the plateau rule and reached it."""
+    return all("plateau_reached" in s and len(s) and pd.to_numeric(s["plateau_reached"], errors="coerce").eq(1).all()
+               for s in sides)
+
+
+NOT_CONVERGED = "not converged"  # how a contrast reads when a side's runs stopped at the cap, not at the plateau
+
+
+def convergence(sides: Sequence[pd.DataFrame]) -> str:
+    """"" when neither side ran the plateau rule (engine/plateau.py) or every run reached its plateau; else
+    " · at budget B (not converged: A +x % per doubling at R rounds; ...)" naming each side still improving."""
+    if not all("plateau_reached" in s for s in sides):
+        return ""
+    open_sides = []
+    for name, s in zip("AB", sides):
+        reached = pd.to_numeric(s["plateau_reached"], errors="coerce")
+        if reached.notna().all() and (reached == 1).all():
+            continue
+        gain = pd.to_numeric(s.get("plateau_gain"), errors="coerce").mean()
+        rounds = pd.to_numeric(s.get("rounds_done"), errors="coerce").mean()
+        open_sides.append(f"{name} still {gain:+.0%} per doubling at {rounds:g} rounds" if math.isfinite(gain)
+                          else f"{name} not checked twice")
+    if not open_sides:
+        return ""
+    rounds = pd.concat([pd.to_numeric(s.get("rounds_done"), errors="coerce") for s in sides]).max()
+    return f" · at budget {rounds:g} rounds ({NOT_CONVERGED}: {'; '.join(open_sides)})"

@@ -253,6 +253,9 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
             # metrics that could not be computed: absent from the evaluations, said here
             "evaluation_notes": " ".join(str(n) for n in metrics.get("evaluation_notes") or []),
         }
+        if isinstance(metrics.get("plateau"), dict):  # the plateau rule (engine/plateau.py): only runs that used it
+            row["plateau_reached"] = 1.0 if metrics["plateau"].get("reached") else 0.0
+            row["plateau_gain"] = to_float(metrics["plateau"].get("last_improvement"))
         for key, value in params.items():
             row[f"param.{key}"] = cell_value(value)
         for key, value in flatten_config({k: v for k, v in cfg.items() if k not in hidden}).items():
@@ -407,7 +410,8 @@ def aggregate(runs: pd.DataFrame, metrics: Sequence[str], *, reference: str | No
             stderr = grp.loc[values.index, f"{metric}__stderr"].dropna() if len(values) == 1 else []
             row[f"{metric}_stderr"] = float(stderr.iloc[0]) if len(stderr) else math.nan
             _interval_columns(row, grp, metric, values)
-        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done", "epsilon"):
+        for col in ("uplink_mb", "downlink_mb", "wall_seconds", "sim_seconds", "time_to_target", "gamma_star", "w2_mean", "drift", "drift_pixel", "dropped_updates", "uploads", "rounds_done", "epsilon",
+                    "plateau_reached", "plateau_gain"):
             if col not in grp:  # time_to_target: only with a --target
                 continue
             values = grp[col].dropna()

@@ -137,6 +137,8 @@ DIAGNOSTICS = (  # (column, header, formatter kind)
     ("gamma_star_mean", "γ*", "num"), ("w2_mean_mean", "W2 mean", "num"),
     ("downlink_mb_mean", "downlink MB", "num"), ("dropped_updates_mean", "dropped updates", "num"),
     ("rounds_done_mean", "rounds done", "num"),
+    # the plateau rule (engine/plateau.py): the share of seeds that reached it, and the last doubling's relative gain
+    ("plateau_reached_mean", "plateau reached (share of seeds)", "num"), ("plateau_gain_mean", "last doubling's gain", "num"),
 )
 
 
@@ -485,7 +487,8 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     if spent:
         secondary.append(_columns_table("Communication and time", block, labels, spent,
                                         "means over seeds; the costs the main table has no room for."))
-    diag = [(c, h) for c, h, _ in DIAGNOSTICS if has(c) and pd.to_numeric(block[c], errors="coerce").fillna(0).ne(0).any()]
+    diag = [(c, h) for c, h, _ in DIAGNOSTICS if has(c) and (pd.to_numeric(block[c], errors="coerce").fillna(0).ne(0).any()
+                                                         or (c == "plateau_reached_mean" and block[c].notna().any()))]
     if diag:
         secondary.append(_plain_table("Drift and diagnostics", block, labels, diag,
                                       f"drift: distance of the final model's samples from {plain}'s on the same noise; "

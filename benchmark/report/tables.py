@@ -53,7 +53,7 @@ def write_csv(table: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:
     metric_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "gmean", "std", "n", "stderr", "ci_low", "ci_high", "ci_method")]
     cost_cols = ["uplink_mb_mean", "uplink_mb_std", "downlink_mb_mean", "compression_ratio", "compression_ref",
                  "wall_seconds_mean", "wall_seconds_std", "sim_seconds_mean", "time_to_target_mean", "time_to_target_reached",
-                 "rounds_done_mean", "gamma_star_mean", "w2_mean_mean",
+                 "rounds_done_mean", "plateau_reached_mean", "plateau_gain_mean", "gamma_star_mean", "w2_mean_mean",
                  "drift_mean", "drift_pixel_mean",
                  "dropped_updates_mean", "epsilon_mean", "evaluation_notes"]
     param_cols = sorted(c for c in table.columns if c.startswith("param."))
