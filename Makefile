@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -63,6 +63,10 @@ demo: $(VENV)/.installed data-fmnist ## set up .venv, train every method family 
 	$(BIN)/dfbench report --runs results/demo/runs --out results/demo --claims benchmark/grid/builtin/demo.claims.toml && \
 	$(BIN)/python -m dfbench.benchmark.studies.reproduce results/demo results/demo/reference && exit $$status
 	@echo "Next, in a new shell: source .venv/bin/activate, then e.g. dfbench methods (README: Usage)"
+
+gt-demo: $(VENV)/.installed ## the ground-truth track's demo: every method family + the exact-score floor and the untrained ceiling on gmm:dim8 (Dirichlet 0.3), trained to the plateau (cap 128 rounds), scored exactly; page in results/gt-demo/ (~10 min on 2 cores)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid gt-demo --workers $(CPU_WORKERS) --out results/gt-demo/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/gt-demo/runs --out results/gt-demo && exit $$status
 
 # Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
 # path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.

@@ -284,6 +284,10 @@ class Capabilities:
 
 
 
+#: the roles an anchor method may declare (`Method.anchor`): the best any model can do, the worst
+ANCHOR_ROLES: tuple[str, ...] = ("floor", "ceiling")
+
+
 class Method:
     """Base class: FedAvg behaviour. Subclasses override only what differs."""
 
@@ -304,10 +308,12 @@ class Method:
     #: reference of the method's other settings in same-noise drift (benchmark/metrics/drift.py).
     #: None: no setting of the method is the dense model (its drift is measured against FedAvg).
     dense_param: ClassVar[str | None] = None
-    #: An anchor is a leaderboard row that trains nothing (e.g. the ground-truth mixtures' exact score used as
-    #: the network: the floor of every exact metric). `list_methods()` leaves anchors out (the method
-    #: contract and every "each method" test cover training methods); `list_methods(anchors=True)` has them.
-    anchor: ClassVar[bool] = False
+    #: An anchor is a leaderboard row that trains nothing, named by its role (e.g. "floor": the ground-truth
+    #: mixtures' exact score used as the network, the floor of every exact metric); "" for a training method.
+    #: `list_methods()` leaves anchors out (the method contract and every "each method" test cover training
+    #: methods); `list_methods(anchors=True)` has them. Reports show an anchor as "ROLE (method)", unranked and
+    #: outside every verdict.
+    anchor: ClassVar[str] = ""  # one of ANCHOR_ROLES, or ""
 
     @dataclass(frozen=True)
     class Config:
@@ -324,6 +330,8 @@ class Method:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("anchor", "") not in ("", *ANCHOR_ROLES):
+            raise TypeError(f"{cls.__qualname__}.anchor must be one of {ANCHOR_ROLES} or '', not {cls.__dict__['anchor']!r}")
         own = cls.__dict__.get("capabilities")
         if own is not None and not isinstance(own, Capabilities):
             raise TypeError(f"{cls.__qualname__}.capabilities must be a methods.Capabilities, not {type(own).__name__}")
@@ -351,6 +359,10 @@ class Method:
         if run.eval.every and not can.midway_sampling:
             raise ValueError(f"method {cls.name!r} cannot draw a quality curve (eval.every={run.eval.every}): its model "
                              f"is sampled only after the last round{why}; use --set eval.every=0")
+        if run.train.plateau > 0 and not can.midway_sampling:
+            raise ValueError(f"method {cls.name!r} cannot train to the plateau (train.plateau={run.train.plateau:g}): the rule "
+                             f"scores the model between rounds, and this one is sampled only after the last round{why}; "
+                             "use --set train.plateau=0 (it trains train.rounds)")
         if run.privacy.clip > 0 and not can.mean_aggregation:
             raise ValueError(f"method {cls.name!r} cannot run with differential privacy (privacy.clip={run.privacy.clip:g}): DP "
                              f"clips and noises FedAvg's weighted mean of the client models, and this method's server "

@@ -45,7 +45,7 @@ def exact_velocity(mix: datasets.GaussianMixture, shape: tuple[int, ...]) -> Cal
 class ExactScore(Method):
     """Anchor: the mixture's exact score as the network (gmm: data only, train.rounds = 0)."""
 
-    anchor = True
+    anchor = "floor"
 
     @dataclass(frozen=True)
     class Config:

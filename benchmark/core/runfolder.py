@@ -60,6 +60,7 @@ RESCORED = "rescored.json"  # rows `dfbench eval` added after the run (new metri
 DRIFT = "drift.json"  # drift recorded after the evaluation (the reference finished later); read beside metrics.json
 STATUS = "status.json"
 SAMPLES = "samples.npz"
+SAMPLES_FLOAT = "samples_float.npz"  # ground-truth runs (gmm: data): the samples as drawn, float32, unclipped
 GRID = "grid.png"
 CHECKPOINTS = "checkpoints"
 LOCK = ".lock"

@@ -225,7 +225,8 @@ def sampler_of(cfg: RunConfig, method: methods.Method) -> str:
 
 
 def write_samples(d: Path, samples: torch.Tensor, name: str = runfolder.SAMPLES) -> None:
-    """samples.npz (uint8; or a variant's `name`), written atomically: `dfbench eval` never reads half a file."""
+    """samples.npz (uint8; or a variant's `name`; samples_float.npz: float32), written atomically: `dfbench eval`
+    never reads half a file."""
     buf = io.BytesIO()
     np.savez_compressed(buf, images=samples.numpy())
     runfolder.atomic_write_bytes(d / name, buf.getvalue())
@@ -248,6 +249,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
     if cfg.eval.metrics != "none":  # the model's own objective on held-out test images: no feature network
         rows += heldout.method_denoising_rows(cfg, ctx, method, params)
+    if ground_truth.is_ground_truth(cfg.data.dataset):  # the samples as drawn (samples.npz holds them as pixels)
+        write_samples(d, raw.to(torch.float32), runfolder.SAMPLES_FLOAT)
     if cfg.eval.metrics != "none" and ground_truth.is_ground_truth(cfg.data.dataset):  # exact, against the mixture
         rows += ground_truth.exact_rows(cfg.data.dataset, ctx, method, params, raw)
     if cfg.eval.leakage_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)

@@ -145,6 +145,10 @@ INDEPENDENT_CHECKS: tuple[str, ...] = tuple(m.name for m in METRICS.values() if 
 _AUTO: dict[str, tuple[str, ...]] = {"fmnist": ("fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae"),
                                      "*": ("fid", "kid")}
 AUTO_FALLBACK: tuple[str, ...] = _AUTO["*"]
+#: the ground-truth mixtures' dataset prefix (datasets.gmm.GMM_KIND + ":", not imported: this module stays free of
+#: torch; tests/runs/test_ground_truth.py checks they agree). Their runs are scored exactly (engine/ground_truth.py),
+#: so "auto" asks no feature network of them.
+GROUND_TRUTH_PREFIX = "gmm:"
 
 
 def get(name: str) -> Metric | None:
@@ -224,7 +228,10 @@ def reference_split_of(name: str, configured: str) -> str:
 
 def auto_metrics(dataset: str, inception_available: bool) -> list[str]:
     """eval.metrics=auto: the dataset's own metrics, plus Inception's when its weights are there;
-    Inception's alone (needed, found or not) on a dataset without its own."""
+    Inception's alone (needed, found or not) on a dataset without its own; none on a ground-truth mixture
+    (scored exactly, against the mixture)."""
+    if dataset.startswith(GROUND_TRUTH_PREFIX):
+        return []
     own = _AUTO.get(dataset)
     if own is None:
         return list(AUTO_FALLBACK)

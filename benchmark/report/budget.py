@@ -73,12 +73,15 @@ NOT_CONVERGED = "not converged"  # how a contrast reads when a side's runs stopp
 def convergence(sides: Sequence[pd.DataFrame]) -> str:
     """"" when neither side ran the plateau rule (engine/plateau.py) or every run reached its plateau; else
     " · at budget B (not converged: A +x % per doubling at R rounds; ...)" naming each side still improving."""
-    if not all("plateau_reached" in s for s in sides):
+    if not any("plateau_reached" in s and pd.to_numeric(s["plateau_reached"], errors="coerce").notna().any() for s in sides):
         return ""
     open_sides = []
     for name, s in zip("AB", sides):
-        reached = pd.to_numeric(s["plateau_reached"], errors="coerce")
+        reached = pd.to_numeric(s["plateau_reached"], errors="coerce") if "plateau_reached" in s else pd.Series([math.nan] * len(s))
         if reached.notna().all() and (reached == 1).all():
+            continue
+        if reached.isna().all():  # this side never ran the rule (e.g. an expert mixture: sampled only at the end)
+            open_sides.append(f"{name} trained its cap without the rule")
             continue
         gain = pd.to_numeric(s.get("plateau_gain"), errors="coerce").mean()
         rounds = pd.to_numeric(s.get("rounds_done"), errors="coerce").mean()

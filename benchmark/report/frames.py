@@ -28,7 +28,7 @@ from dfbench.benchmark.metrics.uncertainty import FRECHET_WHAT, centred_method, 
 from dfbench.benchmark.report import budget as budget_rule
 from dfbench.benchmark.report import verdicts
 from dfbench.benchmark.report.names import _present as present
-from dfbench.benchmark.report.names import CONFIG_DEFAULTS, reference_method, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
+from dfbench.benchmark.report.names import CONFIG_DEFAULTS, anchor_role, baseline_name, reference_method, run_names, setting_names  # noqa: F401  (CONFIG_DEFAULTS re-exported)
 from dfbench.benchmark.report.run_records import (
     RunFailure,
     RunRecord,
@@ -202,7 +202,7 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         baseline = config_rounds == 0
         method = str(cfg["method"])
         params_text = format_params(params)
-        setting = f"untrained ({method})" if baseline else method
+        setting = baseline_name(method) if baseline else method
         if params_text:
             setting = f"{setting} [{params_text}]"
         metrics = rec.metrics
@@ -535,6 +535,8 @@ def block_settings(block: pd.DataFrame, runs: pd.DataFrame, metric: str, referen
     order = sorted(block.index, key=lambda i: not (bool(block.at[i, "baseline"]) and block.at[i, "method"] == reference))
     for idx in order:
         row = block.loc[idx]
+        if anchor_role(str(row["method"])):  # an anchor (the exact score) is shown, never tested or a floor
+            continue
         ref = is_reference(row, reference, names.get(idx))
         out.append(verdicts.setting_of_runs(runs[runs["group_key"] == row["group_key"]], metric, str(row["group_key"]),
                                             budget=str(row["budget_key"]), baseline=bool(row["baseline"]),

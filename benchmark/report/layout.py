@@ -40,7 +40,7 @@ from dfbench.benchmark.report.formatting import (
     interval_sentence, rank_text, safe_name,
 )
 from dfbench.benchmark.report.frames import ONE_SEED
-from dfbench.benchmark.report.names import hyperparameters, is_baseline, reference_method, setting_names, setting_parts
+from dfbench.benchmark.report.names import anchor_role, hyperparameters, is_baseline, reference_method, setting_names, setting_parts
 from dfbench.benchmark.report.names import shown as _shown
 from dfbench.benchmark.report.names import usual_config, varying_config
 from dfbench.benchmark.report.run_records import to_float
@@ -315,6 +315,8 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         text += f" Collapsed on some seeds only: {_join(unstable)}."
     base = block[block.apply(_is_baseline, axis=1)]
     base = base[base[f"{primary}_mean"].notna()] if f"{primary}_mean" in base else base.iloc[0:0]
+    anchors = base[[bool(anchor_role(str(m))) for m in base["method"]]] if "method" in base else base.iloc[0:0]
+    base = base.drop(anchors.index)
 
     def shown_floor(row: pd.Series) -> str:
         floor = to_float(row.get(f"{primary}_gmean"))  # as the table shows it
@@ -324,6 +326,8 @@ def _headline(block: pd.DataFrame, primary: str | None, labels: Mapping[int, str
         text += f" Untrained: {shown_floor(base.iloc[0])}."
     elif len(base) > 1:  # one per width: each setting is tested against the one that pairs with it
         text += f" Untrained: {', '.join(f'{shown_floor(r)} ({labels[i]})' for i, r in base.iterrows())}."
+    for i, r in anchors.iterrows():  # e.g. the exact score used as the network: what no model can beat
+        text += f" {anchor_role(str(r['method'])).capitalize()}: {shown_floor(r)} ({labels[i]})."
     return text
 
 

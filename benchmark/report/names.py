@@ -160,9 +160,31 @@ def config_label(column: str) -> str:
     return key
 
 
+def anchor_role(method: str) -> str:
+    """The role of an anchor method (`Method.anchor`, e.g. "floor"), "" for a training method or an unknown one."""
+    from dfbench.methods.registry import get_method_class
+
+    try:
+        return str(get_method_class(method).anchor or "")
+    except KeyError:
+        return ""
+
+
+def baseline_name(method: str) -> str:
+    """How an unranked row is named: "untrained (method)", or an anchor's "ROLE (method)"."""
+    return f"{anchor_role(method) or 'untrained'} ({method})"
+
+
+def is_unranked_name(name: str) -> bool:
+    """Whether a page name is an unranked row's (`baseline_name`)."""
+    from dfbench.methods.base import ANCHOR_ROLES
+
+    return name.startswith("untrained (") or any(name.startswith(f"{role} (") for role in ANCHOR_ROLES)
+
+
 def _base(row: pd.Series) -> str:
     method = str(row["method"]) if "method" in row else str(row.get("setting", ""))
-    return f"untrained ({method})" if is_baseline(row) and "method" in row else method
+    return baseline_name(method) if is_baseline(row) and "method" in row else method
 
 
 def setting_parts(frame: pd.DataFrame, params: Mapping[Hashable, str] | None = None,

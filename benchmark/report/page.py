@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from dfbench.benchmark.report.layout import PageMeta, Section, Table, failures_table, sections, summary
+from dfbench.benchmark.report.names import is_unranked_name
 from dfbench.benchmark.report.tables import hardware_line
 
 _CSS = """
@@ -141,7 +142,7 @@ def _data_uri(path: Path) -> str:
 
 def _section(s: Section, images: Mapping[str, Path]) -> str:
     parts = [f'<section id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>', f'<p class="headline">{_bold(s.headline)}</p>']
-    baseline = [row[1].startswith("untrained (") for row in s.main.rows]
+    baseline = [is_unranked_name(row[1]) for row in s.main.rows]
     parts.append(_table(s.main, f"{s.anchor}-main", baseline, main=True))
     if s.legend:
         parts.append('<ul class="note legend">' + "".join(f"<li>{_code(line)}</li>" for line in s.legend) + "</ul>")
@@ -152,7 +153,7 @@ def _section(s: Section, images: Mapping[str, Path]) -> str:
         parts.append(_run_folders(s))
     for i, t in enumerate(s.secondary):
         parts.append(f"<h3>{esc(t.title or '')}</h3>")
-        parts.append(_table(t, f"{s.anchor}-{i}", [row[1].startswith("untrained (") for row in t.rows]))
+        parts.append(_table(t, f"{s.anchor}-{i}", [is_unranked_name(row[1]) for row in t.rows]))
     if s.provenance or s.not_computed:
         items = [esc(p) for p in s.provenance] + [f"not computed: {esc(n)}" for n in s.not_computed]
         parts.append("<details><summary>How the metrics were computed</summary><ul class=\"note\">"

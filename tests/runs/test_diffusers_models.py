@@ -59,7 +59,7 @@ PARAMS = {
     "diffusers-ddpm-cifar10": {1: 35_741_697, 3: 35_746_307},
     # the MLPs' count depends on the sample's size D = C*H*W: here 28x28 grey and 32x32 RGB images flattened
     "mlp-tiny": {1: 59_760, 3: 208_480},  # 8,800 + 65 D
-    "mlp": {1: 1_129_744, 3: 2_303_488},  # 727,552 + 513 D
+    "mlp": {1: 385_040, 3: 973_056},  # 183,552 + 257 D
 }
 
 

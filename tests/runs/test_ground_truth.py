@@ -36,6 +36,8 @@ def test_the_exact_metrics_are_declared_and_rank_first_on_ground_truth():
     assert table.PRIMARY[0] == "score_kl"
     assert [table.scale(m) for m in EXACT] == ["log", "log", "difference", "log", "difference"]
     assert "exact_score" not in methods.list_methods() and "exact_score" in methods.list_methods(anchors=True)
+    # "auto" asks no feature network of a mixture (the torch-free table spells the prefix the datasets own)
+    assert table.GROUND_TRUTH_PREFIX == f"{datasets.GMM_KIND}:" and table.auto_metrics("gmm:dim8", True) == []
 
 
 @pytest.mark.slow

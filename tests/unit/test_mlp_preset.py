@@ -46,13 +46,13 @@ def test_the_output_has_the_input_shape(shape):
 
 
 def test_the_preset_specs_and_the_zero_read_out():
-    assert presets.mlp_spec("mlp") == MLPSpec(channels=256, blocks=3)
+    assert presets.mlp_spec("mlp") == MLPSpec(channels=128, blocks=3)
     assert presets.mlp_spec(TINY) == MLPSpec(channels=32, blocks=2)
     torch.manual_seed(0)
     net = build_model("mlp", (1, 1, 64))
     # (2 + 3b) w^2 + (5 + 7b) w + (2w + 1) D parameters, b blocks of width w, D inputs
-    w, b, d = 256, 3, 64
-    assert sum(p.numel() for p in net.parameters()) == (2 + 3 * b) * w * w + (5 + 7 * b) * w + (2 * w + 1) * d == 760_384
+    w, b, d = 128, 3, 64
+    assert sum(p.numel() for p in net.parameters()) == (2 + 3 * b) * w * w + (5 + 7 * b) * w + (2 * w + 1) * d == 200_000
     assert all(spec.dropout == 0.0 for spec in (presets.mlp_spec(n) for n in presets.MLP))  # see presets.py: no dropout
     # the read-out starts at zero: the network is the zero function, yet its gradient is not zero
     x = torch.randn(5, 1, 1, 64)
