@@ -100,3 +100,11 @@ def test_samplers_do_not_clip_unbounded_data():
     free = fm.sample(lambda x, t: v, noise, steps=4, clip=False)
     # assert
     assert torch.equal(clipped, torch.ones_like(noise)) and torch.allclose(free, 3 * noise)
+
+
+def test_reports_name_the_anchor_by_its_role_and_keep_it_out_of_the_verdicts():
+    from dfbench.benchmark.report import names
+
+    assert names.baseline_name("exact_score") == "floor (exact_score)" and names.baseline_name("fedavg") == "untrained (fedavg)"
+    assert names.is_unranked_name("floor (exact_score)") and not names.is_unranked_name("fedavg")
+    assert names.anchor_role("exact_score") == "floor" and names.anchor_role("not-a-method") == ""

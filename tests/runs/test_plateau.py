@@ -90,3 +90,10 @@ def test_the_cap_comes_first_when_training_still_improves_and_the_improvement_is
     assert p["reached"] is False and p["rounds"] == 8 and [c["round"] for c in p["checks"]] == [2, 4, 8]
     first, *_, last = [c["value"] for c in p["checks"]]
     assert last < first and p["last_improvement"] == pytest.approx(plateau.improvement(*[c["value"] for c in p["checks"][-2:]]))
+
+
+def test_a_method_sampled_only_after_its_last_round_refuses_the_rule_up_front():
+    # an expert mixture's router is trained after the last round: the rule could not score it between rounds
+    with pytest.raises(ConfigError, match="cannot train to the plateau"):
+        _cfg(**{"method": "experts", "train.plateau": 0.05, "train.rounds": 8})
+    assert _cfg(**{"method": "experts", "train.rounds": 8}).train.plateau == 0.0
