@@ -37,7 +37,7 @@ def exact_velocity(mix: datasets.GaussianMixture, shape: tuple[int, ...]) -> Cal
     t is clipped into (0, 1): the sampler's first and last times (1 and 0) are limits of the closed form."""
     def velocity(x: torch.Tensor, t: float) -> torch.Tensor:
         tt = min(max(float(t), 1e-6), 1.0 - 1e-6)
-        return fm_velocity(mix, x.reshape(x.shape[0], -1), tt).reshape(x.shape).to(x.dtype)
+        return fm_velocity(mix, x.reshape(x.shape[0], -1), tt).reshape(x.shape).to(device=x.device, dtype=x.dtype)
     return velocity
 
 
@@ -87,4 +87,4 @@ class _ExactNet(torch.nn.Module):
             out = vp_eps(self.mix, flat, min(float(self.obj.abar64[i]), 1.0 - 1e-12))
         else:
             out = fm_velocity(self.mix, flat, min(max(t0, 1e-6), 1.0 - 1e-6))
-        return out.reshape(x.shape).to(x.dtype)
+        return out.reshape(x.shape).to(device=x.device, dtype=x.dtype)

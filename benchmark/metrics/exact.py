@@ -158,14 +158,11 @@ def score_error(velocity: VelocityFn, mix: GaussianMixture, shape: Sequence[int]
 
 
 def exact_velocity_fn(mix: GaussianMixture, shape: Sequence[int]) -> VelocityFn:
-    """The exact model v*(x, t) as a network would be called: float32 [B, *shape] in and out, float64 inside."""
-    shape = _check_shape(mix, shape)
+    """The exact model v*(x, t) as a network would be called: float32 [B, *shape] in and out, float64 inside (the
+    exact-score anchor's own velocity, methods/exact_score.py)."""
+    from dfbench.methods.exact_score import exact_velocity
 
-    def velocity(x: torch.Tensor, t: float) -> torch.Tensor:
-        v = fm_velocity(mix, x.reshape(x.shape[0], -1), float(t))
-        return v.to(device=x.device, dtype=torch.float32).reshape(x.shape[0], *shape)
-
-    return velocity
+    return exact_velocity(mix, _check_shape(mix, shape))
 
 
 # -- sample metrics ------------------------------------------------------------------------------
