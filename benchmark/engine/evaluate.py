@@ -238,7 +238,9 @@ def _metrics(cfg: RunConfig) -> Any:
 
 def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, state: methods.ServerState,
                    ema: torch.Tensor | None, totals: dict[str, Any], extra: dict[str, Any], progress: bool = True) -> None:
-    t0 = time.perf_counter()
+    from dfbench.benchmark.metrics.scoring import reference_build_seconds
+
+    t0, built0 = time.perf_counter(), reference_build_seconds()
     params = ema if ema is not None else state.params
     ctx = dataclasses.replace(ctx, progress=progress)  # sampling's bars; the run's context is not written
     raw = generate_float(cfg, ctx, method, params)
@@ -257,7 +259,9 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
         rows += [{**row, LEAKAGE: True} for row in leak]
         notes += why
-    eval_seconds = time.perf_counter() - t0
+    # the one-time build of reference statistics (then cached for every later run) is not this run's evaluation
+    reference_seconds = reference_build_seconds() - built0
+    eval_seconds = time.perf_counter() - t0 - reference_seconds
     label, others = sample_variants(cfg, method)
     tag_rows(rows, label, True)
     for other, sample in others.items():  # the same noises and sampler, scored alike; never the result
@@ -266,7 +270,7 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
         if not pending:  # else scored by `dfbench eval` with the result (same metrics, same weights)
             # its notes are the result's (the same metrics, left out for the same reasons)
             rows += tag_rows(score(d, cfg, images, sampler, progress, clients=lambda: _clients(cfg, ctx, method))[0], other, False)
-    variant_seconds = time.perf_counter() - t0 - eval_seconds
+    variant_seconds = time.perf_counter() - t0 - eval_seconds - reference_seconds
     rounds = runfolder.read_rounds(d)
     metrics = {
         "evaluations": rows,
@@ -291,6 +295,8 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     }
     if (guarantee := privacy.summary(cfg, cfg.train.rounds)) is not None:  # DP's (epsilon, delta) after the last round
         metrics["privacy"] = guarantee
+    if reference_seconds > 0:  # this run built (and cached) reference statistics: timed apart from its evaluation
+        metrics["reference_stats_seconds"] = round(reference_seconds, 3)
     if others:  # sampling and scoring the other rules: not in the run's wall time, which is the result's
         metrics["inference_variants_wall_seconds"] = round(variant_seconds, 3)
     if pending:

@@ -364,3 +364,21 @@ def test_load_image_source_needs_a_known_key_when_there_are_several(tmp_path):
         ev.load_image_source(tmp_path / "x.npz")
     with pytest.raises(ValueError, match="unknown extractor"):
         ev.fid_between(tmp_path / "x.npz", tmp_path / "x.npz", extractor="vgg")  # type: ignore[arg-type]
+
+
+def test_building_reference_statistics_is_timed_apart_and_a_cached_read_is_not(tmp_path, monkeypatch):
+    # prepare: a build that takes measurable time
+    import time as _time
+
+    images = _fake_images(300, seed=5)
+    monkeypatch.setattr(ev, "_load_dataset", lambda d, s, r: _fake_dataset(images, "c" * 64))
+    real = ev._compute_reference
+    monkeypatch.setattr(ev, "_compute_reference", lambda *a, **k: (_time.sleep(0.2), real(*a, **k))[1])
+    extractor = _tiny_extractor()
+    # execute: a build, then a read of the cached file
+    before = ev.reference_build_seconds()
+    ev.reference_stats("fmnist", "train", extractor, cache_dir=tmp_path)
+    built = ev.reference_build_seconds()
+    ev.reference_stats("fmnist", "train", extractor, cache_dir=tmp_path)
+    # assert: the build is counted (what evaluate_state subtracts from a run's eval time), the read is not
+    assert built - before >= 0.2 and ev.reference_build_seconds() == built
