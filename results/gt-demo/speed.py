@@ -6,9 +6,9 @@ Prints one markdown table (samples/s and the ratio to sequential at the same pre
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import tempfile
-import time
 
 import torch
 
@@ -26,12 +26,8 @@ def samples_per_second(model: str, clients: int, mode: str) -> float:
             "train.sigma1_probe_steps": 0, "train.amp": "off"}
     cfg = apply_overrides(RunConfig(), over)
     with tempfile.TemporaryDirectory() as out:
-        t0 = time.perf_counter()
-        run(cfg, out, progress=False)
-        import json
-        from pathlib import Path
-
-        m = json.loads(next(Path(out).rglob("metrics.json")).read_text())
+        d = run(cfg, out, progress=False)
+        m = json.loads((d / "metrics.json").read_text())
     return ROUNDS * clients * STEPS * BATCH / float(m["train_wall_seconds"])
 
 
