@@ -24,8 +24,11 @@ def _kv(text: str) -> tuple[str, Any]:
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     d, t, e = DataConfig(), TrainConfig(), EvalConfig()
+    from dfbench.datasets.gmm import SYNTAX as GMM_SYNTAX
+
     p.add_argument("--dataset", default=d.dataset, help=f"fmnist | svhn | cifar10 | folder:PATH[?test=F] | hf:PATH[?image=COL&label=COL&test=F] "
-                   f"(your own data: docs/your-own-data.md; default {d.dataset})")
+                   f"(your own data: docs/your-own-data.md) | ground truth, Gaussian mixtures whose score is known: {GMM_SYNTAX} "
+                   f"(docs/ground-truth.md; default {d.dataset})")
     p.add_argument("--method", default="fedavg", help="a registered method (see `dfbench methods`)")
     p.add_argument("--seed", type=int, default=0, help="the run seed (partition, initial model, sampling noises)")
     p.add_argument("--clients", type=int, default=d.clients, help="number of clients")
@@ -348,7 +351,7 @@ def cmd_methods(a: argparse.Namespace) -> int:
     from dfbench import methods
 
     found = methods.list_methods(a.pattern)
-    if not found:  # a misspelt name or a pattern that matches nothing: say so, and what there is
+    if not methods.list_methods(a.pattern, anchors=True):  # a misspelt name or a pattern that matches nothing
         names = methods.list_methods()
         close = difflib.get_close_matches(a.pattern, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -364,6 +367,11 @@ def cmd_methods(a: argparse.Namespace) -> int:
         caps = cls.capabilities  # what it cannot do (methods.Capabilities), refused before any data is loaded
         if caps.refused():
             print(f"    cannot: {', '.join(caps.refused())}" + (f" ({caps.needs})" if caps.needs else ""))
+    anchors = [n for n in methods.list_methods(a.pattern, anchors=True) if n not in found]
+    for name in anchors:  # rows that train nothing (Method.anchor), e.g. the ground-truth track's exact score
+        cls = methods.get_method_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"{name}: [anchor: {cls.anchor}] {doc}")
     return 0
 
 

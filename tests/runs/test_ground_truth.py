@@ -108,3 +108,13 @@ def test_reports_name_the_anchor_by_its_role_and_keep_it_out_of_the_verdicts():
     assert names.baseline_name("exact_score") == "floor (exact_score)" and names.baseline_name("fedavg") == "untrained (fedavg)"
     assert names.is_unranked_name("floor (exact_score)") and not names.is_unranked_name("fedavg")
     assert names.anchor_role("exact_score") == "floor" and names.anchor_role("not-a-method") == ""
+
+
+def test_the_cli_lists_the_family_and_the_anchor(capsys):
+    from dfbench.benchmark import cli
+
+    assert cli.main(["methods", "exact*"]) == 0
+    assert "exact_score: [anchor: floor]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "gmm:dimD" in capsys.readouterr().out.replace("\n", " ").replace("  ", "")
