@@ -172,6 +172,11 @@ def blocks(table: pd.DataFrame) -> list[tuple[tuple[str, str], pd.DataFrame]]:
 
 
 def block_title(dataset: str, partition: str) -> str:
+    """"dataset / partition"; a spec's options (a gmm: mixture's ?k=8&rank=2&...) are shown as a spaced list, so a
+    long spec wraps on a narrow screen: "gmm:dim8 (k=8, rank=2, ...) / iid"."""
+    name, sep, options = dataset.partition("?")
+    if sep and options:
+        dataset = f"{name} ({options.replace('&', ', ')})"
     return f"{dataset} / {partition}"
 
 

@@ -140,6 +140,12 @@ def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def _nav_label(title: str) -> str:
+    """A block's link text: its title without a spec's options ("gmm:dim8 (k=8, ...) / iid" -> "gmm:dim8 / iid"),
+    since a link does not wrap; the section's own heading keeps them."""
+    return re.sub(r"^(\S+) \([^)]*\)( / )", r"\1\2", title)
+
+
 def _section(s: Section, images: Mapping[str, Path]) -> str:
     parts = [f'<section id="{esc(s.anchor)}"><h2>{esc(s.title)}</h2>', f'<p class="headline">{_bold(s.headline)}</p>']
     baseline = [is_unranked_name(row[1]) for row in s.main.rows]
@@ -173,7 +179,8 @@ def write_html(table: pd.DataFrame, metrics: Sequence[str], meta: PageMeta, out_
     """leaderboard.html: the self-contained report. `images`: key (mosaic_*, plot_*) -> PNG path."""
     secs = sections(table, metrics, meta, images)
     plots = {k: v for k, v in images.items() if k.startswith("plot_")}
-    nav = [f'<a href="#{esc(s.anchor)}">{esc(s.title)}</a>' for s in secs]
+    # a link does not wrap: a spec's options (block_title's "(k=8, rank=2, ...)") are left to the section's own title
+    nav = [f'<a href="#{esc(s.anchor)}">{esc(_nav_label(s.title))}</a>' for s in secs]
     nav += ['<a href="#failures">failed runs</a>'] + (['<a href="#plots">plots</a>'] if plots else [])
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',

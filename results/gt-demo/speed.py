@@ -12,6 +12,7 @@ import tempfile
 
 import torch
 
+from dfbench.benchmark.core import presets
 from dfbench.benchmark.core.config import RunConfig
 from dfbench.benchmark.engine.lifecycle import run
 from dfbench.benchmark.engine.resolve import apply_overrides
@@ -38,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(1)
     samples_per_second("mlp-tiny", 10, "sequential")  # warm-up: the data's draws, imports, first kernels (not timed)
     rows = ["| preset | clients | sequential samples/s | batched samples/s | batched / sequential |", "|---|---|---|---|---|"]
-    for model in ("mlp-tiny", "mlp"):
+    for model in sorted((n for n in presets.PRESETS if presets.family(n) == "mlp"), key=lambda n: presets.PRESETS[n].cpu_ms_per_sample_grad):
         for clients in (10, 100):
             seq = samples_per_second(model, clients, "sequential")
             bat = samples_per_second(model, clients, "batched")

@@ -35,7 +35,7 @@ def test_evaluation_out_of_memory_names_the_eval_batches_and_the_rerun_only_eval
     import dfbench.methods.experts as experts
 
     cfg = tiny_config(method, params, over)
-    real_generate, failed = evaluate.generate, []
+    real_generate, failed = evaluate.generate_float, []  # the sampling of every evaluation
 
     def generate(*a, **kw):  # sampling runs out of memory, once
         if not failed:
@@ -43,7 +43,7 @@ def test_evaluation_out_of_memory_names_the_eval_batches_and_the_rerun_only_eval
             raise torch.cuda.OutOfMemoryError(CUDA_SAID)
         return real_generate(*a, **kw)
 
-    monkeypatch.setattr(evaluate, "generate", generate)
+    monkeypatch.setattr(evaluate, "generate_float", generate)
     # the old code gave training's advice (train.batch_size), which evaluation does not use
     with pytest.raises(lifecycle.OutOfMemory, match=r"during evaluation: lower eval\.sample_batch \(now 128") as err:
         lifecycle.run(cfg, tmp_path / "runs", data=tiny_data, progress=False)

@@ -102,7 +102,7 @@ def test_auto_on_fmnist_lists_the_four_fashion_mnist_metrics(tmp_path, monkeypat
     assert ev._resolve_metrics("auto", "fmnist", None) == table.auto_metrics("fmnist", False) == FMNIST_OWN
     assert [table.extractor_of(m) for m in FMNIST_OWN] == ["fmnist", "fmnist_ae", "fmnist", "fmnist_ae"]
     assert [table.METRICS[m].kind for m in FMNIST_OWN] == ["frechet", "frechet", "kid", "kid"]
-    assert table.frechet_metric("fmnist_ae") == "fd_fmnist_ae" and table.PRIMARY == ("fid", "fd_fmnist")
+    assert table.frechet_metric("fmnist_ae") == "fd_fmnist_ae" and table.PRIMARY == ("score_kl", "fid", "fd_fmnist")
 
 
 @pytest.fixture(scope="module")
