@@ -768,10 +768,9 @@ def load(name: str, split: str = "train", root: str | os.PathLike | None = None,
         return ImageSet(name=name, split=split, images=torch.from_numpy(part.images), labels=torch.from_numpy(part.labels),
                         sha256=part.sha256, source=part.source, num_classes=part.num_classes)
     if is_mixture(name):
-        part = gmm_split(name, _check_split(split), _fmnist_train)
-        return ImageSet(name=gmm_data_info(name)["spec"], split=split, images=part.images,
-                        labels=part.labels, sha256=part.sha256, source="generated (gmm)",
-                        num_classes=int(gmm_data_info(name)["num_classes"]))
+        part, info = gmm_split(name, _check_split(split), _fmnist_train), gmm_data_info(name)
+        return ImageSet(name=info["spec"], split=split, images=part.images, labels=part.labels, sha256=part.sha256,
+                        source="generated (gmm)", num_classes=int(info["num_classes"]))
     key = _canonical(name)
     split = _check_split(split)
     found, searched = _locate(key, split, root)

@@ -251,10 +251,10 @@ def evaluate_state(d: Path, cfg: RunConfig, ctx: Any, method: methods.Method, st
     rows, pending, notes = score(d, cfg, samples, sampler, progress, clients=lambda: _clients(cfg, ctx, method))
     if cfg.eval.metrics != "none":  # the model's own objective on held-out test images: no feature network
         rows += heldout.method_denoising_rows(cfg, ctx, method, params)
-    if ground_truth.is_ground_truth(cfg.data.dataset):  # the samples as drawn (samples.npz holds them as pixels)
-        write_samples(d, raw.to(torch.float32), runfolder.SAMPLES_FLOAT)
-    if cfg.eval.metrics != "none" and ground_truth.is_ground_truth(cfg.data.dataset):  # exact, against the mixture
-        rows += ground_truth.exact_rows(cfg.data.dataset, ctx, method, params, raw)
+    if ground_truth.is_ground_truth(cfg.data.dataset):
+        write_samples(d, raw.to(torch.float32), runfolder.SAMPLES_FLOAT)  # as drawn (samples.npz holds them as pixels)
+        if cfg.eval.metrics != "none":  # exact, against the mixture
+            rows += ground_truth.exact_rows(cfg.data.dataset, ctx, method, params, raw)
     if cfg.eval.leakage_metrics:  # memorization of the samples and a membership attack on the model (leakage.py)
         leak, why = leakage.leakage_rows(cfg, ctx, params, samples)
         rows += [{**row, LEAKAGE: True} for row in leak]

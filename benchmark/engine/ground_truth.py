@@ -25,7 +25,7 @@ import torch
 from dfbench import datasets
 from dfbench.benchmark.metrics import exact
 
-__all__ = ["FRESH_SEED", "exact_rows", "is_ground_truth"]
+__all__ = ["FRESH_SEED", "exact_rows", "is_ground_truth", "score_error"]
 
 FRESH_SEED = exact.EXACT_SEED + 2  # the fresh draws beside every run's samples: one stream, the same for every run
 
@@ -40,14 +40,20 @@ def _row(metric: str, value: float, reference: str, **extra: Any) -> dict[str, A
             "ci_method": None, "extractor": None, "reference": reference, **extra}
 
 
+def score_error(dataset: str, ctx: Any, method: Any, params: torch.Tensor) -> dict[str, Any]:
+    """`exact.score_error` of the model `params` as the method samples it (its velocity field), against the
+    dataset's mixture; the network is left in training mode."""
+    try:
+        return exact.score_error(method.velocity(params, ctx), datasets.mixture(dataset), ctx.image_shape, device=ctx.device)
+    finally:
+        ctx.model.train()
+
+
 def exact_rows(dataset: str, ctx: Any, method: Any, params: torch.Tensor, samples: torch.Tensor) -> list[dict[str, Any]]:
     """The exact rows of a trained run: the method's velocity field and its float samples against the mixture."""
     mix = datasets.mixture(dataset)
     reference = f"{datasets.gmm_canonical(dataset)} (mixture sha256 {mix.digest()[:16]})"
-    try:
-        err = exact.score_error(method.velocity(params, ctx), mix, ctx.image_shape, device=ctx.device)
-    finally:
-        ctx.model.train()
+    err = score_error(dataset, ctx, method, params)
     lo, hi = err["score_kl_ci"]
     band = {"times": err["times"], "per_band": err["per_band"], "lambda_range": err["lambda_range"],
             "num_samples": err["draws"], "draw_seed": err["seed"]}

@@ -44,14 +44,7 @@ def metric_name(dataset: str) -> str:
 def plateau_value(cfg: Any, ctx: Any, method: Any, params: torch.Tensor) -> float:
     """The plateau metric of the model `params` (the method's velocity field, as it samples)."""
     if ground_truth.is_ground_truth(cfg.data.dataset):
-        from dfbench import datasets
-        from dfbench.benchmark.metrics import exact
-
-        try:
-            return float(exact.score_error(method.velocity(params, ctx), datasets.mixture(cfg.data.dataset), ctx.image_shape,
-                                           device=ctx.device)["score_kl"])
-        finally:
-            ctx.model.train()
+        return float(ground_truth.score_error(cfg.data.dataset, ctx, method, params)["score_kl"])
     return float(heldout.method_denoising_rows(cfg, ctx, method, params)[0]["value"])
 
 

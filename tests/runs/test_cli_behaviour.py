@@ -26,6 +26,7 @@ import torch
 from dfbench import datasets
 from dfbench.benchmark.cli import build_parser, config_from_args, main
 from dfbench.benchmark.core import runfolder
+from helpers import one_line
 
 REAL_LOAD = datasets.load  # (the fixture below swaps in the synthetic images)
 HERE = Path(__file__).resolve().parents[1]  # tests/, where helpers.py is
@@ -44,34 +45,6 @@ def _argv(out: Path, *extra: str) -> list[str]:
 def _folder(argv: list[str]) -> Path:
     a = build_parser().parse_args(argv)
     return runfolder.run_dir(a.out, config_from_args(a))
-
-
-@pytest.fixture
-def dfbench(tiny_data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
-    """`dfbench ARGV` in this process on the synthetic images: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(datasets, "load", lambda name, split="train", root=None, **kw: tiny_data)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def call(argv: list[str]) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            code = main(argv)
-        except SystemExit as err:  # argparse's own exits (--version, --help, a bad choice)
-            code = int(err.code or 0)
-        said = capsys.readouterr()
-        return code, said.out, said.err
-
-    yield call
-    left = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
-    for s, h in handlers.items():
-        signal.signal(s, h)
-    assert not left, f"dfbench left its {', '.join(left)} handler(s) installed"
-
-
-def _one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _done_folder(argv: list[str], evaluations: list[dict[str, Any]]) -> Path:
@@ -153,7 +126,7 @@ def test_ctrl_c_stops_a_run_in_one_line_leaves_it_interrupted_and_exits_130(tmp_
             proc.wait()
     err = (tmp_path / "err").read_text()
     assert code == 130, err  # 128 + SIGINT, through Python (not killed by the signal)
-    line = _one_line(err)
+    line = one_line(err)
     assert "SIGINT" in line and "the same command resumes it" in line, line
     status = runfolder.read_status(d)
     assert status["state"] == runfolder.INTERRUPTED and "SIGINT" in status["error"], status
@@ -175,7 +148,7 @@ def test_a_device_that_is_not_there_is_refused_in_one_line_before_any_work(devic
     out = tmp_path / "runs"
     code, said, err = dfbench(_argv(out, "--device", device))
     assert code == 2
-    line = _one_line(err)
+    line = one_line(err)
     assert repr(device) in line and "--device cpu" in line, line
     assert not out.exists()  # refused before any folder
 
@@ -185,7 +158,7 @@ def test_the_other_commands_with_a_device_refuse_one_that_is_not_there(argv, tmp
     _gpus(monkeypatch, 0)
     code, said, err = dfbench([*argv, "--device", "cuda"])
     assert code == 2
-    line = _one_line(err)
+    line = one_line(err)
     assert "'cuda'" in line and "--device cpu" in line, line
 
 
@@ -197,14 +170,14 @@ def test_grid_refuses_a_device_that_is_not_there_before_any_cell(device, gpus, t
     path = write_grid(tmp_path / "one.toml", TINY, {"seed": [0]})
     code, said, err = dfbench(["grid", str(path), "--out", str(tmp_path / "runs"), "--device", device])
     assert code == 2, (said, err)
-    line = _one_line(err)
+    line = one_line(err)
     assert repr(device) in line and "--device cpu" in line, line
     assert not (tmp_path / "runs").exists()
 
 
 # -- 4. missing weights --------------------------------------------------------------------------------
 
-def test_fid_without_the_inception_weights_says_which_file_where_and_how_in_one_line(tmp_path, dfbench, monkeypatch):
+def test_fid_without_the_inception_weights_says_which_file_where_and_how_inone_line(tmp_path, dfbench, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no torch hub copy either
     monkeypatch.delenv("DFBENCH_INCEPTION_WEIGHTS", raising=False)
     g = np.random.default_rng(0)
@@ -212,7 +185,7 @@ def test_fid_without_the_inception_weights_says_which_file_where_and_how_in_one_
         np.savez(tmp_path / f"{name}.npz", images=g.integers(0, 255, (8, 3, 32, 32), dtype=np.uint8))
     code, said, err = dfbench(["fid", str(tmp_path / "a.npz"), str(tmp_path / "b.npz")])
     assert code == 1
-    line = _one_line(err)
+    line = one_line(err)
     from dfbench.benchmark.metrics.weight_files import weights_dir
 
     for needle in ("pt_inception-2015-12-05-6726825d.pth", str(weights_dir()), "dfbench fetch inception",
@@ -224,7 +197,7 @@ def test_fid_of_a_path_that_is_not_there_says_so(tmp_path, dfbench):
     np.savez(tmp_path / "b.npz", images=np.zeros((8, 28, 28), dtype=np.uint8))
     code, said, err = dfbench(["fid", str(tmp_path / "a"), str(tmp_path / "b.npz"), "--extractor", "fmnist"])
     assert code == 2
-    line = _one_line(err)
+    line = one_line(err)
     assert f"{tmp_path / 'a'} does not exist" in line, line
 
 
@@ -272,7 +245,7 @@ def test_report_on_a_folder_without_runs_says_so_and_writes_nothing(tmp_path, df
     runs.mkdir()
     code, said, err = dfbench(["report", "--runs", str(runs), "--out", str(out)])
     assert code != 0
-    line = _one_line(err)
+    line = one_line(err)
     assert str(runs) in line and "no run" in line and "dfbench run" in line, line
     assert not out.exists()
 
@@ -324,13 +297,13 @@ def test_version_prints_the_installed_version(dfbench):
     (["partition", "--dataset", "fminst"], "'fmnist'"),
     (["runn", "--method", "fedavg"], "'run'"),
 ])
-def test_a_misspelt_name_gets_a_suggestion_in_its_one_line(argv, suggestion, tmp_path, dfbench, monkeypatch):
+def test_a_misspelt_name_gets_a_suggestion_in_itsone_line(argv, suggestion, tmp_path, dfbench, monkeypatch):
     from dfbench import datasets
 
     monkeypatch.setattr(datasets, "load", REAL_LOAD)  # the name is checked by the real loader, before any file
     code, out, err = dfbench([*argv, *(["--out", str(tmp_path / "runs")] if argv[0] in ("run", "grid") else [])])
     assert code == 2
-    line = _one_line(err)
+    line = one_line(err)
     assert f"did you mean {suggestion}?" in line, line
     assert not (tmp_path / "runs").exists()
 
@@ -343,7 +316,7 @@ def test_python_m_dfbench_without_the_install_says_how_to_reach_it(tmp_path):
     p = subprocess.run([sys.executable, "-S", "-m", "dfbench", "methods"], cwd=ROOT, capture_output=True, text=True,
                        timeout=LIMIT_S, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert p.returncode == 1, p.stderr
-    line = _one_line(p.stderr)
+    line = one_line(p.stderr)
     assert "not installed" in line and "source .venv/bin/activate" in line and "pip install -e ." in line, line
 
 

@@ -2,7 +2,7 @@
 `dfbench run --help` without defaults, `--dry-run` that leaves train.model=auto unresolved. Each refusal is one
 line, before any work, with a non-zero exit status.
 
-`dfbench` runs in this process (cli.main) on the small synthetic image set. The suite runs as root in CI, where
+`dfbench` runs in this process (cli.main, the `dfbench` fixture of tests/runs/conftest.py) on the small synthetic image set. The suite runs as root in CI, where
 chmod does not stop a write: a read-only folder is then simulated through os.access (what the check before the
 work asks) and the write itself through a PermissionError (what the last-resort message handles), so no test here
 passes just because it ran as root.
@@ -13,18 +13,17 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import signal
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dfbench import datasets
 from dfbench.benchmark import cli
-from dfbench.benchmark.cli import build_parser, config_from_args, main
+from dfbench.benchmark.cli import build_parser, config_from_args
 from dfbench.benchmark.core import lock, runfolder
 from dfbench.benchmark.engine import lifecycle
+from helpers import one_line
 
 RUN_ARGS = ["--dataset", "fmnist", "--clients", "2", "--local-steps", "1", "--batch-size", "8", "--eval-samples", "16",
             "--sampler-steps", "3", "--rounds", "2", "--set", "train.model=tiny", "--set", "eval.metrics=none",
@@ -34,32 +33,6 @@ RUN_ARGS = ["--dataset", "fmnist", "--clients", "2", "--local-steps", "1", "--ba
 
 def _argv(out: Path | str, *extra: str) -> list[str]:
     return ["run", *RUN_ARGS, "--out", str(out), *extra]
-
-
-@pytest.fixture
-def dfbench(tiny_data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
-    """`dfbench ARGV` in this process on the synthetic images: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(datasets, "load", lambda name, split="train", root=None, **kw: tiny_data)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def call(argv: list[str]) -> tuple[int, str, str]:
-        capsys.readouterr()
-        try:
-            code = main(argv)
-        except SystemExit as err:  # argparse's own exits (--help)
-            code = int(err.code or 0)
-        said = capsys.readouterr()
-        return code, said.out, said.err
-
-    yield call
-    for s, h in handlers.items():
-        signal.signal(s, h)
-
-
-def _one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +82,7 @@ def test_an_out_that_is_a_file_is_one_line_naming_it_before_any_work(command, tm
                       (afile / "runs", f"--out {afile / 'runs'}: {afile} is a file, not a folder")):
         argv = _argv(out) if command == "run" else ["report", "--runs", str(tmp_path), "--out", str(out)]
         code, _, err = dfbench(argv)
-        line = _one_line(err)
+        line = one_line(err)
         assert code != 0 and said in line and ("pass a folder" in line or "pass another --out" in line), line
     assert afile.read_text() == "not a folder" and sorted(tmp_path.iterdir()) == [afile]
 
@@ -123,7 +96,7 @@ def test_a_read_only_out_is_one_line_naming_it_before_any_work(command, tmp_path
     out = ro / "runs"  # a folder still to be made inside it
     argv = _argv(out) if command == "run" else ["report", "--runs", str(tmp_path), "--out", str(out)]
     code, _, err = dfbench(argv)
-    line = _one_line(err)
+    line = one_line(err)
     assert code != 0 and f"--out {out}: {ro} is not writable" in line and f"chmod -R u+w {ro}" in line, line
     assert list(ro.iterdir()) == []
 
@@ -151,7 +124,7 @@ def test_a_finished_run_in_a_read_only_tree_says_already_done_and_takes_no_lock(
     assert not (d / runfolder.LOCK).exists()
 
 
-def test_an_unfinished_run_in_a_read_only_tree_is_refused_in_one_line(tmp_path, dfbench, monkeypatch, writable_again):
+def test_an_unfinished_run_in_a_read_only_tree_is_refused_inone_line(tmp_path, dfbench, monkeypatch, writable_again):
     _no_work(monkeypatch)
     argv = _argv(tmp_path / "runs")
     a = build_parser().parse_args(argv)
@@ -160,7 +133,7 @@ def test_an_unfinished_run_in_a_read_only_tree_is_refused_in_one_line(tmp_path, 
     runfolder.write_status(d, runfolder.INTERRUPTED)
     _read_only(tmp_path / "runs", monkeypatch)
     code, _, err = dfbench(argv)
-    line = _one_line(err)
+    line = one_line(err)
     assert code == 1 and f"--out {tmp_path / 'runs'}: {d} is not writable" in line, line
 
 
@@ -173,7 +146,7 @@ def test_a_write_refused_during_the_work_is_one_line_naming_the_file(tmp_path, d
 
     monkeypatch.setattr(lifecycle, "run", refused)
     code, _, err = dfbench(_argv(tmp_path / "runs"))
-    line = _one_line(err)
+    line = one_line(err)
     assert code == 1 and f"Permission denied: {target}" in line and "--out" in line, line
 
 
@@ -186,7 +159,7 @@ def test_an_unknown_reference_is_refused_naming_the_settings_closest_first(tmp_p
     make_run(runs, "s0-fa", evaluations=[fd(10.0)])
     make_run(runs, "s0-fp", method="fedprox", params={"mu": 0.01}, evaluations=[fd(9.0)])
     code, _, err = dfbench(["report", "--runs", str(runs), "--out", str(out), "--reference", "fedavgg"])
-    line = _one_line(err)
+    line = one_line(err)
     assert code != 0 and "'fedavgg' is no setting" in line and "did you mean 'fedavg'" in line, line
     listed = line.split("closest first: ", 1)[1]
     assert listed.startswith("'fedavg'") and "fedprox" in listed
@@ -195,10 +168,10 @@ def test_an_unknown_reference_is_refused_naming_the_settings_closest_first(tmp_p
 
 def test_a_method_pattern_that_matches_nothing_is_refused_naming_the_methods(dfbench):
     code, out, err = dfbench(["methods", "xyz"])
-    line = _one_line(err)
+    line = one_line(err)
     assert code != 0 and out == "" and "no method matches 'xyz'" in line and "fedavg" in line and "fedprox" in line
     code, _, err = dfbench(["methods", "fedprx"])
-    assert code != 0 and "did you mean 'fedprox'" in _one_line(err)
+    assert code != 0 and "did you mean 'fedprox'" in one_line(err)
     code, out, _ = dfbench(["methods", "fedprox"])
     assert code == 0 and out.startswith("fedprox:")
 
