@@ -137,7 +137,8 @@ PRESETS: Mapping[str, ModelPreset] = types.MappingProxyType({  # each family sma
     "mlp-tiny": ModelPreset("mlp", 0.03, mlp=MLPSpec(channels=32, blocks=2)),  # tests
     # the low-dimensional mixtures (auto for vectors). Width 128: on gmm:dim8 (seed 99, FedAvg 10 clients x 10 steps
     # x batch 64, 256 rounds, EMA 0.9) score_kl 3.83 at width 32 (lr 1e-2), 2.64 at 64 (3e-3), 1.99 / 1.53 at 128
-    # (3e-3 / 1e-2); width 256 trained 4k samples/s against 15k at 128 in lockstep (docs/ground-truth.md)
+    # (3e-3 / 1e-2); width 256 trained 4k samples/s against 15k at 128 in lockstep (results/gt-demo/width_scan.md;
+    # measured while the read-out was zero-initialised, which model.py no longer does)
     "mlp": ModelPreset("mlp", 0.1, mlp=MLPSpec(channels=128, blocks=3)),
 })
 

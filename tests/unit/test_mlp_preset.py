@@ -21,7 +21,7 @@ TINY = "mlp-tiny"
 
 
 def _unzeroed(net: nn.Module, seed: int = 1) -> nn.Module:
-    """`net` with its zero-initialised read-out drawn at random (so its output depends on its inputs)."""
+    """`net` with its read-out drawn again from a fixed seed (outputs that depend only on this seed's draw)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in net.out[2].parameters():
@@ -45,7 +45,7 @@ def test_the_output_has_the_input_shape(shape):
     assert net.inp.in_features == d and net.out[2].out_features == d
 
 
-def test_the_preset_specs_and_the_zero_read_out():
+def test_the_preset_specs_and_a_read_out_with_no_ties_at_zero():
     assert presets.mlp_spec("mlp") == MLPSpec(channels=128, blocks=3)
     assert presets.mlp_spec(TINY) == MLPSpec(channels=32, blocks=2)
     torch.manual_seed(0)
@@ -54,10 +54,11 @@ def test_the_preset_specs_and_the_zero_read_out():
     w, b, d = 128, 3, 64
     assert sum(p.numel() for p in net.parameters()) == (2 + 3 * b) * w * w + (5 + 7 * b) * w + (2 * w + 1) * d == 200_000
     assert all(spec.dropout == 0.0 for spec in (presets.mlp_spec(n) for n in presets.MLP))  # see presets.py: no dropout
-    # the read-out starts at zero: the network is the zero function, yet its gradient is not zero
+    # no layer starts at zero: a magnitude mask (top-k) would tie all of it and train the same half forever
+    assert all(bool((p != 0).any()) for name, p in net.named_parameters() if name.endswith("weight"))
+    assert bool((net.out[2].weight != 0).all())
     x = torch.randn(5, 1, 1, 64)
     out = net(x, torch.rand(5))
-    assert torch.equal(out, torch.zeros_like(out))
     (out - x).square().mean().backward()
     assert net.out[2].weight.grad.abs().sum() > 0
 
@@ -90,7 +91,7 @@ def test_a_few_training_steps_reduce_the_diffusion_loss():
         opt.zero_grad()
         loss().backward()
         opt.step()
-    # assert: the zero function's loss is E||eps||^2 ~ 1 (0.907 for these draws); three steps take 8 % off it
+    # assert: the initial loss is near E||eps||^2 ~ 1 (a random read-out adds little); three steps take 5 % off it
     assert first == pytest.approx(1.0, abs=0.2)
     with torch.no_grad():
         assert float(loss()) < 0.95 * first
