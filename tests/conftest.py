@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,3 +85,31 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_sep("=", f"tests not marked slow that took {SLOW_HINT_S:.0f} s or more")
         for seconds, nodeid in slow:
             terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}  (mark it @pytest.mark.slow?)")
+
+
+@pytest.fixture
+def dfbench(tiny_data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """`dfbench ARGV` in this process on the synthetic images: (exit code, stdout, stderr); the CLI tests' one
+    fixture (tests/runs/test_cli_behaviour.py, test_cli_new_user.py)."""
+    import signal
+
+    from dfbench import datasets
+    from dfbench.benchmark.cli import main
+
+    monkeypatch.setattr(datasets, "load", lambda name, split="train", root=None, **kw: tiny_data)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def call(argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as err:  # argparse's own exits (--version, --help, a bad choice)
+            code = int(err.code or 0)
+        said = capsys.readouterr()
+        return code, said.out, said.err
+
+    yield call
+    left = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    assert not left, f"dfbench left its {', '.join(left)} handler(s) installed"

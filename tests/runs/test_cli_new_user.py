@@ -2,7 +2,7 @@
 `dfbench run --help` without defaults, `--dry-run` that leaves train.model=auto unresolved. Each refusal is one
 line, before any work, with a non-zero exit status.
 
-`dfbench` runs in this process (cli.main, the `dfbench` fixture of tests/runs/conftest.py) on the small synthetic image set. The suite runs as root in CI, where
+`dfbench` runs in this process (cli.main, the `dfbench` fixture of tests/conftest.py) on the small synthetic image set. The suite runs as root in CI, where
 chmod does not stop a write: a read-only folder is then simulated through os.access (what the check before the
 work asks) and the write itself through a PermissionError (what the last-resort message handles), so no test here
 passes just because it ran as root.
