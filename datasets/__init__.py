@@ -10,7 +10,7 @@ See :mod:`dfbench.datasets.sources` (where data is looked for, how it is verifie
 :mod:`dfbench.datasets.partitioners` (the spec strings).
 """
 from .errors import DatasetError
-from .gmm import GMM_KIND, canonical as gmm_canonical, is_mixture, parse_gmm, to_model_space
+from .gmm import GMM_KIND, canonical as gmm_canonical, is_mixture, parse_gmm, to_model_space, to_pixels
 from .mixture import GaussianMixture
 from .partitioners import Partition, PartitionSpec, mean_tv_distance, parse_partition, partition
 from .sources import CHECKSUMS, DATASETS, ENV_VAR, ImageSet, cache_dir, clear_cache, data_info, load, locate, mixture
@@ -43,5 +43,6 @@ __all__ = [
     "is_mixture",
     "mixture",
     "parse_gmm",
+    "to_pixels",
     "to_model_space",
 ]

@@ -155,6 +155,12 @@ def _seed(spec: GmmSpec, *keys: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & (2**63 - 1)
 
 
+def to_pixels(x: torch.Tensor) -> torch.Tensor:
+    """Model-space floats ([-1, 1]) as uint8 pixels [0, 255], rounding to nearest (as torchvision's save_image):
+    how samples become images, and how a mixture's draws are quantized alike when an image metric compares them."""
+    return ((x.clamp(-1, 1) + 1) * 127.5 + 0.5).floor().clamp(0, 255).to(torch.uint8)
+
+
 def to_model_space(images: torch.Tensor) -> torch.Tensor:
     """Images as a new float32 tensor in the model's space: uint8 pixels mapped to [-1, 1] (x / 127.5 - 1);
     floating data (the ground-truth mixtures) are already there and are copied unchanged (callers may write

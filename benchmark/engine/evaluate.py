@@ -37,8 +37,10 @@ from dfbench.benchmark.metrics.drift import attach_drift
 
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
-    """[-1, 1] float -> uint8 [0, 255], rounding to nearest (as torchvision's save_image)."""
-    return ((x.clamp(-1, 1) + 1) * 127.5 + 0.5).floor().clamp(0, 255).to(torch.uint8)
+    """[-1, 1] float -> uint8 [0, 255], rounding to nearest (as torchvision's save_image): `datasets.to_pixels`."""
+    from dfbench.datasets import to_pixels
+
+    return to_pixels(x)
 
 
 def save_grid(images: torch.Tensor, side: int, path: Path) -> None:

@@ -93,11 +93,11 @@ def _load_dataset(dataset: str, split: str, root: str | Path | None) -> Any:
 
 
 def dataset_shape(dataset: str) -> tuple[int, int, int]:
-    """[C, H, W] of a dataset's images, which generated samples must match (the datasets' own `data_info`; data
-    users bring, folder:PATH or hf:PATH, is read to answer)."""
+    """[C, H, W] of a dataset's images, which generated samples must match (the datasets' own `data_info`, a
+    ground-truth mixture's spec; data users bring, folder:PATH or hf:PATH, is read to answer)."""
     from dfbench import datasets
 
-    if dataset in datasets.DATASETS or datasets.is_user_data(dataset):
+    if dataset in datasets.DATASETS or datasets.is_user_data(dataset) or datasets.is_mixture(dataset):
         return tuple(int(v) for v in datasets.data_info(dataset)["image_shape"])  # type: ignore[return-value]
     raise ValueError(f"unknown dataset {dataset!r}; choose one of {list(datasets.DATASETS)}, or folder:PATH / hf:PATH")
 
@@ -198,7 +198,12 @@ def _reference(
             if same:
                 return {key: cached[key] for key in _CACHED_KEYS}
     t0 = time.perf_counter()
-    arrays = _compute_reference(data.images, extractor, batch_size, progress)
+    images = data.images
+    if images.dtype != torch.uint8:  # a ground-truth mixture's float draws: quantized to pixels as its samples are
+        from dfbench.datasets import to_pixels
+
+        images = to_pixels(images)
+    arrays = _compute_reference(images, extractor, batch_size, progress)
     REFERENCE_BUILD.seconds += time.perf_counter() - t0
     arrays["label_counts"] = np.bincount(np.asarray(data.labels, dtype=np.int64))
     _atomic_savez(

@@ -50,7 +50,7 @@ __all__ = [
     "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "INDEPENDENT_CHECKS", "METRICS", "Metric", "OPTIONAL_EXTRACTORS",
     "PRIMARY", "REQUESTABLE", "auto_metrics",
     "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
-    "independent_checks",
+    "defined_on", "independent_checks",
     "prdc_metric", "reference_split_of", "scale",
 ]
 
@@ -149,6 +149,19 @@ AUTO_FALLBACK: tuple[str, ...] = _AUTO["*"]
 #: torch; tests/runs/test_ground_truth.py checks they agree). Their runs are scored exactly (engine/ground_truth.py),
 #: so "auto" asks no feature network of them.
 GROUND_TRUTH_PREFIX = "gmm:"
+#: the Fashion-MNIST-fitted mixture at Fashion-MNIST's own side (d = 784): its samples, quantized to pixels as any
+#: image's are, are 28x28 garments, so the Fashion-MNIST feature networks apply to it as to Fashion-MNIST, against
+#: the mixture's own draws (results/proxy-validity: which image metric orders models as the exact error does)
+FMNIST_SHAPED_MIXTURE = GROUND_TRUTH_PREFIX + "fmnist28"
+
+
+def defined_on(name: str, dataset: str) -> bool:
+    """Whether metric `name` is defined on `dataset`: everywhere, on the datasets it names, and a Fashion-MNIST
+    metric also on the Fashion-MNIST-shaped mixture (`FMNIST_SHAPED_MIXTURE`, with any options)."""
+    m = METRICS[name]
+    if m.datasets is None or dataset in m.datasets:
+        return True
+    return "fmnist" in m.datasets and dataset.partition("?")[0] == FMNIST_SHAPED_MIXTURE
 
 
 def get(name: str) -> Metric | None:
@@ -180,7 +193,7 @@ def independent_checks(dataset: str | None = None) -> tuple[str, ...]:
     """The metrics declared independent checks of the ranking metric (`INDEPENDENT_CHECKS`) that are defined on
     `dataset` (all of them for None): fd_fmnist_ae on fmnist only, denoise_loss everywhere."""
     return tuple(n for n in INDEPENDENT_CHECKS
-                 if dataset is None or METRICS[n].datasets is None or dataset in METRICS[n].datasets)
+                 if dataset is None or defined_on(n, dataset))
 
 
 def extractor_of(name: str) -> str | None:
@@ -253,8 +266,9 @@ def check_requested(chosen: Sequence[str], dataset: str) -> None:
         raise ValueError(f"metric listed twice in {list(chosen)}")
     for name in chosen:
         m = METRICS[name]
-        if m.datasets is not None and dataset not in m.datasets:
-            where = " or ".join(repr(d) for d in m.datasets)
+        if not defined_on(name, dataset):
+            where = " or ".join([repr(d) for d in (m.datasets or ())]
+                                + ([repr(FMNIST_SHAPED_MIXTURE)] if "fmnist" in (m.datasets or ()) else []))
             raise ValueError(
                 f"{name} uses {EXTRACTOR_TITLES.get(str(m.extractor), m.extractor)} and is only defined for dataset {where}, "
                 f"not {dataset!r}; use {AUTO_FALLBACK[0]!r} for {dataset!r}"

@@ -52,8 +52,15 @@ def test_scoring_reads_the_table():
     assert table.auto_metrics("fmnist", True) == [*fmnist_own, "fid", "kid"]
     assert table.auto_metrics("svhn", False) == table.auto_metrics("cifar10", True) == ["fid", "kid"]
     for name in fmnist_own:
-        with pytest.raises(ValueError, match="only defined for dataset 'fmnist', not 'svhn'; use 'fid'"):
+        with pytest.raises(ValueError, match="only defined for dataset 'fmnist' or 'gmm:fmnist28', not 'svhn'; use 'fid'"):
             table.check_requested([name], "svhn")
+        # the Fashion-MNIST-shaped ground-truth mixture (28x28 garments, any options) takes the Fashion-MNIST
+        # networks; the smaller fitted sides and the vector family do not
+        table.check_requested([name], "gmm:fmnist28")
+        table.check_requested([name], "gmm:fmnist28?rank=8&n=60000&test=10000&seed=0")
+        for other in ("gmm:fmnist16", "gmm:fmnist280", "gmm:dim8"):
+            with pytest.raises(ValueError, match="only defined for dataset"):
+                table.check_requested([name], other)
     with pytest.raises(ValueError, match="uses the label-free Fashion-MNIST autoencoder"):
         table.check_requested(["kid_fmnist_ae"], "cifar10")
     # the ranking metric stays the classifier's; the autoencoder's space is reported beside it
