@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo bench-proxy-validity data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -67,6 +67,12 @@ demo: $(VENV)/.installed data-fmnist ## set up .venv, train every method family 
 gt-demo: $(VENV)/.installed ## the ground-truth track's demo: every method family + the exact-score floor and the untrained ceiling on gmm:dim8 (Dirichlet 0.3), trained to the plateau (cap 128 rounds), scored exactly; page in results/gt-demo/ (~10 min on 2 cores)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid gt-demo --workers $(CPU_WORKERS) --out results/gt-demo/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/gt-demo/runs --out results/gt-demo && exit $$status
+
+# issue 60 item 5: which image metric orders models as the exact error does (results/proxy-validity/README.md)
+bench-proxy-validity: $(VENV)/.installed data-fmnist ## the proxy-validity study: every image proxy beside the exact error on gmm:fmnist28 (47 cells, ~30 min on 2 cores), its claims decided, page in results/proxy-validity/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/proxy-validity/proxy-validity.toml --workers $(CPU_WORKERS) --out results/proxy-validity/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/proxy-validity/runs --out results/proxy-validity && \
+	$(BIN)/python results/proxy-validity/analyze.py && exit $$status
 
 # Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
 # path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.
