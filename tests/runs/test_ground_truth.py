@@ -118,3 +118,34 @@ def test_the_cli_lists_the_family_and_the_anchor(capsys):
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     assert "gmm:dimD" in capsys.readouterr().out.replace("\n", " ").replace("  ", "")
+
+
+def test_the_fashion_mnist_proxies_score_the_fmnist28_mixture_against_its_quantized_draws(tmp_path):
+    # prepare: the Fashion-MNIST-shaped mixture with a small test split; its draws as pixels, the way samples become images
+    from dfbench.benchmark.metrics.features import get_extractor
+    from dfbench.benchmark.metrics.fid import frechet_distance
+    from dfbench.benchmark.metrics.scoring import ScoreOptions, evaluate_samples, reference_stats
+
+    spec = "gmm:fmnist28?n=64&test=300"
+    test = datasets.load(spec, "test")
+    pixels = datasets.to_pixels(test.images)
+    extractor = get_extractor("fmnist")
+    # execute: the cached reference of the test split, and the Frechet distance of 300 quantized draws of the mixture
+    mu, sigma = reference_stats(spec, "test", extractor, cache_dir=tmp_path)
+    rows, _ = evaluate_samples(pixels, spec, metrics=["fd_fmnist", "kid_fmnist"],
+                               options=ScoreOptions(reference_split="test", cache_dir=tmp_path, bootstrap=0))
+    # assert: the reference is the features of the quantized draws (float64 reference: numpy's moments), so the
+    # draws themselves score 0 against it; fresh draws of the same mixture score far below the untrained network's
+    feats = extractor.features(pixels).astype(np.float64)
+    np.testing.assert_allclose(mu, feats.mean(0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sigma, np.cov(feats, rowvar=False), rtol=1e-5, atol=1e-6)
+    score = {r["metric"]: r["value"] for r in rows}
+    assert score["fd_fmnist"] == pytest.approx(0.0, abs=1e-3)
+    fresh = datasets.to_pixels(datasets.mixture(spec).sample(300, torch.Generator().manual_seed(5))[0].float()
+                               .reshape(-1, 1, 28, 28))
+    noise = datasets.to_pixels(torch.randn(300, 1, 28, 28, generator=torch.Generator().manual_seed(5)))
+    fd = lambda x: frechet_distance(*(lambda f: (f.mean(0), np.cov(f, rowvar=False)))(extractor.features(x)), mu, sigma)  # noqa: E731
+    assert fd(fresh) < 0.1 * fd(noise)
+    # and the metric is refused where the networks do not apply (another side of the fitted family)
+    with pytest.raises(ValueError, match="only defined for dataset 'fmnist' or 'gmm:fmnist28'"):
+        evaluate_samples(pixels[:, :, :8, :8], "gmm:fmnist8", metrics=["fd_fmnist"])
