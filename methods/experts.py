@@ -177,6 +177,10 @@ class Experts(Method):
         # the number of experts from the spec alone (clusters:K gives K; the cluster ids themselves need the data)
         k, _ = assign_experts(config.num_experts, run.data.partition, np.zeros(run.data.clients, dtype=np.int64)
                               if spec.kind == "clusters" else None, run.data.clients)
+        if run.train.init_objective == "ddpm" and "ddpm" in parse_objectives(config.objectives, k):
+            raise ValueError(f"invalid value for 'method.objectives' of 'experts' with train.init_objective=ddpm: "
+                             f"{config.objectives!r}; allowed: fm (every expert starts from the DDPM weights converted "
+                             "to a velocity network; a DDPM expert would start from them as they are: train.init_objective='')")
         mode, topk = parse_mixing(config.mixing)
         if mode == "topk" and topk > k:
             raise ValueError(f"invalid value for 'method.mixing' of 'experts': {config.mixing!r}; allowed: {MIXING_HELP.replace('num_experts', str(k))}")
@@ -189,7 +193,7 @@ class Experts(Method):
         return "euler" if run.eval.sampler == "euler" else "heun"
 
     def init_state(self, params: torch.Tensor, ctx: "MethodContext") -> ServerState:
-        """All experts start from the run's seeded initialisation: state.params is [K, P]."""
+        """All experts start from the run's initial parameters (seeded, or train.init's weights): state.params is [K, P]."""
         cfg = self.config
         k, self.expert_of_client = assign_experts(cfg.num_experts, ctx.cfg.data.partition, ctx.partition.cluster_of_client,
                                                   ctx.num_clients)

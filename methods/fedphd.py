@@ -330,6 +330,10 @@ class FedPhD(Method):
                              "channels and trains the pruned network at a narrower base width, which needs a width-aware "
                              f"network (benchmark/engine/model.py); use a built-in train.model ({', '.join(('auto', *presets.BUILTIN))}), "
                              "or method.prune_ratio=0")
+        if config.prune_ratio > 0 and run.train.init_objective:
+            raise ValueError(f"method 'fedphd' cannot prune with train.init_objective={run.train.init_objective}: the "
+                             "conversion wraps the run's network, and the pruned network is another one; use "
+                             "train.init_objective='' or method.prune_ratio=0")
         if config.prune_ratio > 0 and run.train.clients_mode == "batched":
             raise ValueError(f"method 'fedphd' cannot run with train.clients_mode=batched ({cls.capabilities.needs}); use "
                              "--set train.clients_mode=sequential")

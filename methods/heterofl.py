@@ -331,6 +331,11 @@ class WidthSubModels(Method):
                              "layer's channels, which needs a width-aware network (the built-in UNet, "
                              "benchmark/engine/model.py); a diffusers UNet2DModel has no such builder. Use a built-in "
                              f"train.model ({', '.join(('auto', *presets.BUILTIN))}), or {cls.full_width_setting} (FedAvg)")
+        if run.train.init_objective and narrowest < 1.0:
+            raise ValueError(f"method {cls.name!r} cannot train width sub-models (narrowest rate {narrowest:g}) with "
+                             f"train.init_objective={run.train.init_objective}: the conversion wraps the run's network, "
+                             "and a sub-model is another network; use train.init_objective='' or "
+                             f"{cls.full_width_setting} (FedAvg)")
         if run.train.clients_mode == "batched" and narrowest < 1.0:
             raise ValueError(f"method {cls.name!r} cannot run with train.clients_mode=batched ({cls.capabilities.needs}; narrowest "
                              f"rate {narrowest:g}); use --set train.clients_mode=sequential")

@@ -46,6 +46,9 @@ Driver = Literal["sync", "fedbuff"]
 TimeSampling = Literal["auto", "uniform", "logit_normal"]
 Sampling = Literal["fixed", "poisson"]
 Weighting = Literal["uniform", "size"]
+# what the starting weights of train.init were trained as: "" = train.objective (they train as they are); "ddpm" =
+# epsilon-prediction, converted to a velocity network for train.objective=fm (benchmark/engine/diffusion.py EpsAsVelocity)
+InitObjective = Literal["", "ddpm"]
 
 
 # -- when a field changes the result (schema.declare's `active` / `canonical`; `get` reads a dotted key
@@ -182,6 +185,16 @@ class TrainConfig:
     # stops at the first doubling that improves it by less than this fraction; 0 = train every round
     plateau: float = declare(0.0, since=9, neutral=0.0)
     plateau_start: int = declare(8, since=9, neutral=8, active=_plateau_on)  # the first check's round
+    # -- the starting point (benchmark/engine/init_weights.py) --
+    # trained weights the global model (each expert) starts from instead of the seeded initialization: a finished
+    # run's folder (its final model), a checkpoint file (a state_dict: .pt or .safetensors) or a diffusers model
+    # folder (save_pretrained; a local path, nothing is downloaded); "" = the seeded initialization. Where the
+    # weights are is not what they are: the run id hashes init_sha256, so a copy elsewhere is the same run
+    init: str = declare("", role="execution", since=10)
+    # sha256 of the starting weights as the run's network holds them (float32, in its parameter order): filled in when
+    # the config is built, checked whenever it is built again (config.json); "" without train.init
+    init_sha256: str = declare("", since=10, neutral="", label="init")
+    init_objective: InitObjective = declare("", since=10, neutral="")
     grad_clip: float = declare(1.0)  # max global grad norm per local step (0 = off)
     sigma1_probe_steps: int = declare(4)  # mini-batch gradients kept to estimate sigma_1^2 (0 = off)
     # -- speed knobs (see benchmark/engine/batched.py and `dfbench perf`) --
@@ -457,6 +470,7 @@ def check_fields(cfg: RunConfig) -> None:
                 "EMA model's error between doublings, and under a constant rate the raw weights' error is too noisy to stop on")
         require(1 <= t.plateau_start <= t.rounds, "train.plateau_start", t.plateau_start,
                 f"an integer in 1..train.rounds ({t.rounds}): the round of the first check")
+    _check_init(t)
     require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "a number >= 0 (0 = off)")
     require(t.sigma1_probe_steps >= 0, "train.sigma1_probe_steps", t.sigma1_probe_steps, "an integer >= 0")
     require(t.amp in typing.get_args(Amp), "train.amp", t.amp, ", ".join(typing.get_args(Amp)))
@@ -521,6 +535,22 @@ def check_fields(cfg: RunConfig) -> None:
     require(e.feature_batch >= 1, "eval.feature_batch", e.feature_batch, "an integer >= 1")
     require(cfg.checkpoint_every >= 1, "checkpoint_every", cfg.checkpoint_every, "an integer >= 1")
     require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device", cfg.device, "cpu, cuda, cuda:N")
+
+
+def _check_init(t: TrainConfig) -> None:
+    """train.init_*: what the fields say by themselves (the weights are read and checked by benchmark/engine/resolve.py)."""
+    require(t.init_objective in typing.get_args(InitObjective), "train.init_objective", t.init_objective,
+            "'' (the weights were trained with train.objective) or ddpm (epsilon-prediction, converted to a velocity "
+            "network for train.objective=fm)")
+    require(not t.init_objective or bool(t.init), "train.init_objective", t.init_objective,
+            "'' without train.init (it says what the starting weights were trained as)")
+    require(t.init_objective != "ddpm" or t.objective == "fm", "train.init_objective", t.init_objective,
+            f"'' with train.objective={t.objective} (DDPM weights train as DDPM as they are); ddpm converts "
+            "epsilon-prediction weights for train.objective=fm")
+    require(not t.init_sha256 or bool(t.init), "train.init_sha256", t.init_sha256,
+            "'' without train.init (it is the digest of the starting weights, filled in from them)")
+    require(t.init_sha256 == "" or (len(t.init_sha256) == 64 and all(c in "0123456789abcdef" for c in t.init_sha256)),
+            "train.init_sha256", t.init_sha256, "'' (filled in from train.init) or a sha256 (64 lowercase hex digits)")
 
 
 def _check_edges(cfg: RunConfig) -> None:

@@ -41,9 +41,10 @@ from typing import Any, Literal
 #: v1 the published ids; v2 train.lr_decay; v3 train.time_sampling; v4 the simulated clock, the
 #: quality curve and the asynchronous driver; v5 DP, Poisson sampling and the leakage metrics;
 #: v6 data.client_images (now data.images_per_client); v7 data.sha256 (data users bring); v8 system.edges and
-#: system.edge_rounds (the two-level topology); v9 train.plateau and train.plateau_start (trained to the plateau).
+#: system.edge_rounds (the two-level topology); v9 train.plateau and train.plateau_start (trained to the plateau);
+#: v10 train.init, train.init_sha256 and train.init_objective (starting from trained weights).
 #: A rename is no new version: the field keeps its hashed name (`hash_name`).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: keys config.json holds beside the config: bookkeeping, never part of an experiment
 BOOKKEEPING = ("run_id", "version", "schema")

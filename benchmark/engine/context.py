@@ -26,7 +26,7 @@ from dfbench import datasets
 
 from dfbench.benchmark.engine import diffusion
 from dfbench.benchmark.engine import distributed
-from dfbench.benchmark.core.config import RunConfig, parse_capacity, round_lr, time_sampling_for
+from dfbench.benchmark.core.config import ConfigError, RunConfig, parse_capacity, round_lr, time_sampling_for
 from dfbench.benchmark.core.seeds import tier_values
 from dfbench.benchmark.engine.clock import Clock, build_clock
 from dfbench.benchmark.core import presets
@@ -230,6 +230,31 @@ def run_partition(cfg: RunConfig, labels: np.ndarray, images: torch.Tensor) -> d
     return part.capped(cap, derive_seed(cfg.seed, "client_images")) if cap else part
 
 
+def starting_network(cfg: RunConfig, model: torch.nn.Module, image_shape: tuple[int, ...], bounded: bool = True) -> torch.nn.Module:
+    """The run's network as training starts: `model` (seeded; for samples of `image_shape`) with train.init's weights
+    copied in, in its parameter order, after checking them against the digest the config recorded
+    (benchmark/engine/init_weights.py); under train.init_objective=ddpm wrapped so that it predicts a velocity
+    (diffusion.EpsAsVelocity, with the DDPM schedule of train.schedule and train.timesteps; `bounded`: the data
+    are images in [-1, 1], so x0_hat is clamped to them, as the expert mixtures do)."""
+    t = cfg.train
+    if not t.init:
+        return model
+    from dfbench.benchmark.engine.init_weights import load_init
+
+    weights = load_init(t.init, resolve_preset(t.model, cfg.data.dataset), image_shape)
+    if t.init_sha256 and weights.sha256 != t.init_sha256:
+        raise ConfigError(f"invalid value for 'train.init': the weights in {weights.file} changed since the config was "
+                          f"resolved (sha256 {weights.sha256}, recorded {t.init_sha256}); restore them, or start a new run")
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(weights.flat[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+    if t.init_objective == "ddpm":
+        return diffusion.EpsAsVelocity(model, diffusion.DDPM(t.schedule, t.timesteps), clamp=bounded)
+    return model
+
+
 def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None, rank: int = 0, world: int = 1) -> RunContext:
     """The run's context (data, partition, the seeded network); `rank`/`world` of torch.distributed."""
     device = torch.device(distributed.local_device(cfg.device))  # "cuda" -> cuda:LOCAL_RANK under torchrun
@@ -244,6 +269,7 @@ def build_context(cfg: RunConfig, *, data: datasets.ImageSet | None = None, rank
     images = data.images.to(device)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     model = build_model(resolve_preset(cfg.train.model, cfg.data.dataset), tuple(images.shape[1:])).to(device)
+    model = starting_network(cfg, model, tuple(images.shape[1:]), bounded=images.dtype == torch.uint8)
     flat, layout = flatten_(model)
     return RunContext(
         cfg=cfg, device=device, images=images, labels=labels, partition=part,

@@ -313,6 +313,24 @@ def ddpm_velocity(net: Net, x_t: torch.Tensor, t: torch.Tensor, abar64: torch.Te
     return eps_to_velocity(eps_hat, x_t, t64, floor, clamp).to(x_t.dtype)
 
 
+class EpsAsVelocity(torch.nn.Module):
+    """A DDPM (epsilon-prediction) network used as a flow-matching velocity network: forward(x_t, t) is the velocity
+    the expert mixtures convert its epsilon to at sampling time (`ddpm_velocity` of `ddpm`'s schedule, SNR matching),
+    differentiable, so the network trains under flow matching from there (train.init_objective=ddpm: Heterogeneous
+    DDM's experts started from a DDPM checkpoint). Exact at initialization: on data whose epsilon is known, the
+    converted exact epsilon is the exact velocity (tests/unit/test_init_conversion.py). Its parameters are `net`'s,
+    named "net.<name>"; `clamp`: x0_hat kept in the pixel range [-1, 1] (images), as the mixtures do."""
+
+    def __init__(self, net: torch.nn.Module, ddpm: DDPM, clamp: bool = True) -> None:
+        super().__init__()
+        self.net = net
+        self.ddpm = ddpm  # the schedule the weights were trained with (train.schedule, train.timesteps)
+        self.clamp = clamp
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.ddpm.velocity(self.net, x, t, clamp=self.clamp)
+
+
 # -- the one velocity-space ODE sampler -----------------------------------------------------
 
 @torch.no_grad()

@@ -32,7 +32,7 @@ from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
 from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
-from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, parallel, plateau, privacy
+from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, init_weights, parallel, plateau, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
 from dfbench.benchmark.engine.resolve import resolve
@@ -338,6 +338,8 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
     # (re)write the last checkpoint after finalize, so what it added to state.extra (an expert
     # mixture's router) is checkpointed with the model; with rounds == 0 this is the only one
     runfolder.save_checkpoint(d, last, {"params": state.params, "extra": state.extra, "ema": ema, "totals": totals})
+    if (init := init_weights.init_record(cfg)) is not None:  # where the run started from (train.init)
+        extra_metrics = {**extra_metrics, "init": init}
     if cfg.train.plateau > 0:
         extra_metrics = {**extra_metrics, "rounds": last, "plateau": plateau.summary(
             totals["plateau"], cfg.train.plateau, cfg.train.rounds, plateau.metric_name(cfg.data.dataset), last)}

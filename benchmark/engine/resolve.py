@@ -4,8 +4,9 @@ A `RunConfig` (core/config.py) checks its own fields when it is built. What it c
 core -- the method's hyperparameters (its Config's defaults filled in, each value converted to its
 declared type, the method's own checks and declared capabilities), the dataset's name and size, the
 partition spec, the model preset against the dataset's images, the content digest of data users
-bring -- is checked here, before any data is loaded, and the config comes back *resolved*: its
-method_params a `MethodParams` of its method, data.sha256 filled in. Only a resolved config has a
+bring, the starting weights of train.init against the network -- is checked here, before any data is
+loaded, and the config comes back *resolved*: its method_params a `MethodParams` of its method,
+data.sha256 and train.init_sha256 filled in. Only a resolved config has a
 run id, so every run folder is named after one. `apply_overrides` and `config_from_dict` build
 configs through here; the run's life cycle resolves again with the real number of ranks.
 
@@ -53,6 +54,7 @@ def resolve(cfg: RunConfig, world: int = 1) -> RunConfig:
         methods.get_method_class(cfg.method).check(config, resolved, world)
     except (KeyError, TypeError, ValueError) as err:  # the method's own errors, as one config error
         raise ConfigError(err.args[0] if err.args else str(err)) from None
+    resolved = replace(resolved, train=_check_init(resolved))
     if resolved.train.amp == "auto":  # the choice, not the wish, is what ran: config.json and the run id say which
         resolved = replace(resolved, train=replace(resolved.train, amp=numerics.auto_amp(resolved.device)))
     return resolved
@@ -89,6 +91,8 @@ def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(f"unknown key '{key}'; valid keys: {', '.join(valid)}")
     if "dataset" in secs["data"] and "sha256" not in secs["data"]:
         secs["data"]["sha256"] = ""  # another dataset: its digest is taken anew (user data), none recorded (built-in)
+    if "init" in secs["train"] and "init_sha256" not in secs["train"]:
+        secs["train"]["init_sha256"] = ""  # other starting weights: their digest is taken anew
     new_secs = {s: replace(getattr(cfg, s), **v) for s, v in secs.items() if v}
     return resolve(replace(cfg, **top, **new_secs, method_params=mparams))
 
@@ -122,6 +126,25 @@ def _check_data(d: Any) -> Any:
             f"'' (filled in from the data) or {digest}, the digest of the data now at {d.dataset!r}: the data changed "
             "since this config was written; restore it, or drop data.sha256 to start a new run on the data as it is")
     return d if d.sha256 else replace(d, sha256=digest)
+
+
+def _check_init(cfg: RunConfig) -> Any:
+    """train.init read and checked against the run's network (benchmark/engine/init_weights.py: the path is there,
+    every parameter under its name with its shape, a diffusers folder's config the preset's; a ConfigError names
+    the file and what differs), its digest filled in or, when recorded, checked. Returns the train section, with
+    train.init as an absolute path."""
+    t = cfg.train
+    if not t.init:
+        return t
+    from dfbench.benchmark.engine.init_weights import init_digest, init_path
+    from dfbench.benchmark.engine.model import resolve_preset
+
+    shape = tuple(int(v) for v in datasets.data_info(cfg.data.dataset)["image_shape"])
+    digest = init_digest(t.init, resolve_preset(t.model, cfg.data.dataset), shape)
+    require(t.init_sha256 in ("", digest), "train.init_sha256", t.init_sha256,
+            f"'' (filled in from the weights) or {digest}, the digest of the weights now at {t.init!r}: they changed "
+            "since this config was written; restore them, or drop train.init_sha256 to start a new run from them as they are")
+    return replace(t, init=str(init_path(t.init)), init_sha256=digest)
 
 
 def _check_dataset_size(d: Any) -> None:
