@@ -125,7 +125,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     }
     runs, not_preregistered = data.runs, None
     if claim_list is not None:
-        from dfbench.benchmark.report.claims import NotPreregistered, with_starts, write_claims
+        from dfbench.benchmark.report.claims import NotPreregistered, write_claims
+        from dfbench.benchmark.report.preregistration import with_starts
 
         # the starts decide each claim's registration (and a pre-registered file's check); into runs.csv too, so
         # both are made again from a committed runs.csv
@@ -152,7 +153,7 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
 RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
                "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb",
                "client_images",  # client work: the claims' budget check (claims.decide)
-               "started_epoch", "started_how"]  # the last two only with a claims file (claims.with_starts)
+               "started_epoch", "started_how"]  # the last two only with a claims file (preregistration.with_starts)
 
 
 def write_runs_csv(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Path:

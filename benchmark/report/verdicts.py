@@ -40,7 +40,10 @@ statistic here works on those per-seed differences:
   another is never shown apart from it.
 - **seeds to decide**: for an inconclusive contrast, the fewest seeds at which, with the observed
   mean and spread of the differences taken as true, a verdict (better/worse, or equivalent) would
-  come with probability 0.8 at the block's strictest Holm level (alpha / m).
+  come with probability 0.8 at the block's strictest Holm level (alpha / m): `seeds_needed` with the
+  sample sd (what the spread seen asks for). A study sized from a pilot calls the same function with
+  the pilot's sd at its upper confidence bound (`SIZING_CONFIDENCE`), as a pilot of a few seeds
+  underestimates the spread.
 
 Pure numpy/scipy/statsmodels: no torch, so the reporter imports it cheaply.
 """
@@ -58,10 +61,15 @@ import numpy as np
 ALPHA = 0.05
 MARGIN = 0.10  # the equivalence margin when a study declares none: +- 10 % of the reference
 POWER = 0.8
-MAX_SEEDS = 1000  # seeds_to_decide searches up to here; beyond it the contrast is called out of reach
+MAX_SEEDS = 1000  # seeds_needed searches up to here; beyond it the contrast is called out of reach
+# a study is sized from this one-sided upper confidence bound of its pilot's paired sd (Browne 1995, "On the use of
+# a pilot sample for sample size determination", Stat. Med. 14: the 80 % bound), not the sample sd
+SIZING_CONFIDENCE = 0.8
 
 Scale = Literal["log", "difference"]
-Verdict = Literal["better", "worse", "equivalent", "inconclusive"]
+Verdict = Literal["better", "worse", "equivalent", "inconclusive", "undecidable", "within the bound", "beyond the bound"]
+SizingTest = Literal["decide", "bound"]
+SIZING_TESTS: tuple[str, ...] = ("decide", "bound")
 VERDICTS: tuple[str, ...] = ("better", "worse", "equivalent", "inconclusive", "undecidable")
 NO_SPREAD = ("no spread: the difference is the same at every seed (e.g. a score at its bound for both), "
              "so no test applies")
@@ -231,20 +239,68 @@ def power_equivalence(n: int, mean: float, sd: float, bounds: tuple[float, float
     return max(0.0, float(lower + upper - 1.0))
 
 
-def seeds_to_decide(mean: float, sd: float, bounds: tuple[float, float], alpha: float,
-                    power: float = POWER, limit: int = MAX_SEEDS) -> int | None:
-    """The fewest seeds (>= 2) at which the difference test or the equivalence test reaches `power`
-    with the observed mean and sd as the truth; None when even `limit` seeds do not (or no spread)."""
-    if not (math.isfinite(mean) and math.isfinite(sd)) or sd <= 0:
+def sd_upper_bound(sd: float, n: int, confidence: float = SIZING_CONFIDENCE) -> float:
+    """The one-sided upper `confidence` bound of the sd of normal differences, from their sample sd over n of
+    them: sd x sqrt((n - 1) / chi2.ppf(1 - confidence, n - 1)), the chi-square interval of a variance. NaN with
+    fewer than 2 (no spread seen). With 3 pilot seeds the 80 % bound is 2.12 x the sample sd, the 90 % one 3.08 x."""
+    from scipy import stats
+
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence {confidence!r}: give a level in (0, 1), e.g. {SIZING_CONFIDENCE}")
+    return sd * math.sqrt((n - 1) / float(stats.chi2.ppf(1 - confidence, n - 1)))
+
+
+def power_one_sided(n: int, mean: float, sd: float, limit: float, alpha: float) -> float:
+    """Power of the one-sided paired t-test of the mean against `limit` on the side the mean lies (an
+    ``at_most`` claim: within or beyond its bound) at n pairs: P(T > t_crit), T noncentral t (df n - 1,
+    noncentrality |mean - limit| / sd x sqrt(n))."""
+    from scipy import stats
+
+    if sd <= 0 or n < 2:
+        return math.nan
+    df = n - 1
+    return _nct_sf(float(stats.t.ppf(1 - alpha, df)), df, abs(mean - limit) / sd * math.sqrt(n))
+
+
+def sizing_power(n: int, mean: float, sd: float, bounds: tuple[float, float], alpha: float,
+                 test: SizingTest = "decide") -> float:
+    """The power at n pairs of the test that decides a contrast, with `mean` and `sd` taken as the truth:
+    for "decide" the better of the paired t-test of no difference (`power_difference`) and the TOST inside
+    `bounds` (`power_equivalence`), since either verdict decides it; for "bound" the one-sided test against
+    bounds[1] (`power_one_sided`)."""
+    if test == "bound":
+        return power_one_sided(n, mean, sd, bounds[1], alpha)
+    if test != "decide":
+        raise ValueError(f"sizing test {test!r}: one of {SIZING_TESTS}")
+    difference = power_difference(n, mean, sd, alpha) if mean != 0 else 0.0
+    return max(difference, power_equivalence(n, mean, sd, bounds, alpha))
+
+
+def seeds_needed(mean: float, sd: float, pilot_seeds: int, bounds: tuple[float, float], alpha: float, *,
+                 test: SizingTest = "decide", confidence: float | None = SIZING_CONFIDENCE, power: float = POWER,
+                 most: int = MAX_SEEDS) -> int | None:
+    """THE seed sizing: the fewest seeds (>= 2) at which the test of a contrast (`sizing_power`: "decide" for a
+    difference or an equivalence, "bound" for a one-sided bound at bounds[1]) reaches `power` at level `alpha`,
+    with the pilot's mean difference taken as the truth and its spread as the one-sided `confidence` upper bound of
+    the sd over its `pilot_seeds` pairs (`sd_upper_bound`), not the sample sd: 3-seed pilots underestimated
+    confirmatory-2's paired sd 2-13x. None when even `most` seeds do not reach it, or nothing can be sized (no
+    spread, a mean on the bound, an sd from fewer than 2 pairs).
+
+    ``confidence=None`` takes the sample sd as the truth: the report's ``seeds_to_decide`` column, which says
+    what the observed spread asks for, and the studies sized before this rule, which reproduce their tables."""
+    if confidence is not None:
+        sd = sd_upper_bound(sd, pilot_seeds, confidence)
+    if not (math.isfinite(mean) and math.isfinite(sd)) or sd <= 0 or (test == "bound" and mean == bounds[1]):
         return None
 
     def enough(n: int) -> bool:
-        pd_ = power_difference(n, mean, sd, alpha) if mean != 0 else 0.0
-        return max(pd_, power_equivalence(n, mean, sd, bounds, alpha)) >= power
+        return sizing_power(n, mean, sd, bounds, alpha, test) >= power
 
-    if not enough(limit):
+    if not enough(most):
         return None
-    lo, hi = 2, limit  # power grows with n for both tests: bisect the first n that is enough
+    lo, hi = 2, most  # power grows with n for every test here: bisect the first n that is enough
     while lo < hi:
         mid = (lo + hi) // 2
         if enough(mid):
@@ -254,14 +310,22 @@ def seeds_to_decide(mean: float, sd: float, bounds: tuple[float, float], alpha: 
     return lo
 
 
-def verdict(p_holm: float, p_equivalence_holm: float, mean: float, *, lower_better: bool,
-            alpha: float = ALPHA) -> Verdict:
-    """The verdict of one contrast from its Holm-adjusted p-values and its mean difference (setting minus
-    reference, on the comparison scale): better / worse when no-difference is rejected, else equivalent when
-    the two one-sided tests reject a difference beyond the margin, else inconclusive."""
+def verdict(p_holm: float, p_counter_holm: float, mean: float, *, lower_better: bool, alpha: float = ALPHA,
+            bound: bool = False, spread: str = "") -> Verdict:
+    """THE verdict of one contrast (leaderboards and claims), from its Holm-adjusted p-values and its mean
+    difference (setting minus reference, on the comparison scale): better / worse when no-difference is rejected,
+    else equivalent when the two one-sided tests (`p_counter_holm`) reject a difference beyond the margin, else
+    inconclusive. For a one-sided bound (an ``at_most`` claim, ``bound=True``): within the bound when the test
+    below it rejects, beyond the bound when the test above it (`p_counter_holm`) does, else inconclusive. A
+    contrast with no spread (`spread`: `spread_problem`'s reason) is undecidable, whatever the p-values say."""
+    if spread:
+        return "undecidable"
+    if bound:
+        return ("within the bound" if math.isfinite(p_holm) and p_holm < alpha else
+                "beyond the bound" if math.isfinite(p_counter_holm) and p_counter_holm < alpha else "inconclusive")
     if math.isfinite(p_holm) and p_holm < alpha:
         return "better" if (mean < 0) == lower_better else "worse"
-    if math.isfinite(p_equivalence_holm) and p_equivalence_holm < alpha:
+    if math.isfinite(p_counter_holm) and p_counter_holm < alpha:
         return "equivalent"
     return "inconclusive"
 
@@ -457,14 +521,15 @@ def block_verdicts(settings: Sequence[Setting], *, scale: Scale, lower_better: b
     for (s, flat, seeds, t, _, bounds), pd_, pe in zip(tests, p_diff, p_eq):
         row = out[s.key]
         row["p_holm"], row["p_equivalence_holm"] = pd_, pe
-        row["verdict"] = verdict(pd_, pe, t.mean, lower_better=lower_better, alpha=alpha)
-        if flat:  # the same difference at every seed: no test, whatever a rule would say
-            row["verdict"], row["verdict_note"] = "undecidable", flat
+        # the same difference at every seed (flat): no test, whatever a rule would say
+        row["verdict"] = verdict(pd_, pe, t.mean, lower_better=lower_better, alpha=alpha, spread=flat or "")
+        if flat:
+            row["verdict_note"] = flat
         elif row["verdict"] == "inconclusive":
             if len(seeds) < 2:
                 row["verdict_note"] = "one paired seed: no spread to test"
             else:
-                row["seeds_to_decide"] = seeds_to_decide(t.mean, t.sd, bounds, alpha / m)
+                row["seeds_to_decide"] = seeds_needed(t.mean, t.sd, len(seeds), bounds, alpha / m, confidence=None)
                 if row["seeds_to_decide"] is None:
                     row["verdict_note"] = f"not decided by {MAX_SEEDS} seeds at this spread"
 

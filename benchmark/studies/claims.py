@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from dfbench.benchmark.report import claims as C
+from dfbench.benchmark.report.preregistration import REGISTRATION_SAID
 
 INCLUDE = re.compile(r"<!-- include: (?P<name>[^ >]+) -->\n(?P<body>.*?)<!-- include: end -->", re.S)
 SOURCE = re.compile(r"^From `(?P<path>[^`]+)`\.", re.M)
@@ -76,7 +77,7 @@ def _recorded_notes(claims_md: Path, notes: list[str]) -> list[str]:
     if not claims_md.is_file():
         return notes
     text = claims_md.read_text(encoding="utf-8").rstrip("\n")
-    head, found, tail = text.rpartition(C.REGISTRATION_SAID)
+    head, found, tail = text.rpartition(REGISTRATION_SAID)
     return [tail.strip()] if found and tail.strip() else []
 
 

@@ -12,10 +12,12 @@ checks that make the re-run confirmatory of *those* claims:
   of issue 54, item 1) but never fewer, and trains exactly what the source trained.
 
 Then the sizing: per claim, the paired log-ratio A / B of its metric over the source study's committed runs.csv,
-and the seeds at which the report's own test of the claim reaches power 0.8 with that mean and sd taken as the
-truth, at Holm's strictest level over the study's claims (alpha = 0.05 / claims):
-`gpu_plan.size_seeds` (a one-sided t-test against the bound for `at_most`, `verdicts.seeds_to_decide`
-otherwise), at least `gpu_plan.MIN_SEEDS`. Claims that share a setting (the server optimizers' common FedAvg) form
+and the seeds at which the report's own test of the claim reaches power 0.8 with that mean taken as the truth and
+the sd at its one-sided 80 % upper confidence bound over the source's seeds (`Study.confidence`; a few exploratory
+seeds underestimate the spread: 2-13x in confirmatory-2), at Holm's strictest level over the study's claims
+(alpha = 0.05 / claims): `gpu_plan.size_seeds`, i.e. `verdicts.seeds_needed` (a one-sided t-test against the
+bound for `at_most`, the difference or equivalence test otherwise), at least `gpu_plan.MIN_SEEDS`. confirmatory
+and confirmatory-2 were sized at the sample sd, before that rule, and keep it to reproduce their tables. Claims that share a setting (the server optimizers' common FedAvg) form
 a *block* whose settings all run on the same seeds (issue 54: "all settings on the same seeds"): the block gets
 the largest need of its claims within reach (a claim out of reach does not drive it). A seed of a block costs the
 median wall_seconds of each of its settings' exploratory runs, summed; when the blocks do not fit the study's
@@ -33,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
-from scipy import stats
 
+from dfbench.benchmark.grid import matching
 from dfbench.benchmark.grid.spec import Cell, load_grid
 from dfbench.benchmark.report import claims as C
 from dfbench.benchmark.report import verdicts as V
@@ -49,6 +51,9 @@ class Study:
     sources: Mapping[str, tuple[str, str]]  # claim id -> (the exploratory study, its claim id)
     budget_s: float  # the whole grid, wall clock
     workers: int = 2  # one-thread grid workers on the 2-core machine
+    # the exploratory sd is taken at this one-sided upper confidence bound (verdicts.seeds_needed); None: the sample
+    # sd itself, as confirmatory and confirmatory-2 were sized (before issue 62), to reproduce their tables
+    confidence: float | None = V.SIZING_CONFIDENCE
 
     @property
     def name(self) -> str:
@@ -88,14 +93,14 @@ def check_claims(study: Study, claims: Sequence[C.Claim]) -> None:
                 raise SystemExit(f"{claim.id}: {key} = {getattr(claim, key)!r}, but {name}'s {source_id} has "
                                  f"{getattr(source, key)!r}; a confirmatory claim keeps its source's {key}")
         for key, wanted in source.where.items():
-            if key not in claim.where or not gpu_plan._same(claim.where[key], wanted):
+            if key not in claim.where or not matching.same(claim.where[key], wanted):
                 raise SystemExit(f"{claim.id}: where {key} = {claim.where.get(key)!r}, but {name}'s {source_id} has "
                                  f"{wanted!r}; a confirmatory claim keeps its source's where")
         added = {k: v for k, v in claim.where.items() if k not in source.where}
         source_grid = _source_cells(study, [name])
         for spec in (claim.a, claim.b):
-            mine = gpu_plan._cells_of(source_grid, spec, source.where)
-            if mine and gpu_plan._cells_of(mine, spec, added) != mine:
+            mine = matching.cells_of(source_grid, spec, source.where)
+            if mine and matching.cells_of(mine, spec, added) != mine:
                 raise SystemExit(f"{claim.id}: where {added} leaves out some of {name}'s cells of {spec!r}; a "
                                  "confirmatory claim may only add a where its source's cells all satisfy")
 
@@ -160,13 +165,8 @@ def seed_seconds(study: Study, block: Sequence[C.Claim]) -> float:
 
 
 def power_at(n: int, sizing: gpu_plan.Sizing, claim: C.Claim, alpha: float) -> float:
-    """The power at n seeds of the test that sizes the claim (the same rules as gpu_plan.size_seeds)."""
-    mean = math.log(sizing.estimate)
-    if claim.expect == "at_most":  # one-sided t against log(bound), on the side the mean lies
-        df, ncp = n - 1, abs(mean - math.log(claim.bound or 1.0)) / sizing.sd * math.sqrt(n)
-        return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, ncp))
-    bounds = V.equivalence_bounds("log", claim.margin, 1.0)
-    return max(V.power_difference(n, mean, sizing.sd, alpha), V.power_equivalence(n, mean, sizing.sd, bounds, alpha))
+    """The power at n seeds of the test that sizes the claim, at the sd it was sized from (`gpu_plan.Sizing.power`)."""
+    return sizing.power(n, alpha)
 
 
 def seeds_used(needed: Mapping[int, int], cost: Mapping[int, float], budget_s: float, workers: int) -> dict[int, int]:
@@ -200,7 +200,7 @@ def main(study: Study, script: str) -> int:
         def sized(metric: str | None = None, claim: C.Claim = claim, evidence: Path = evidence) -> gpu_plan.Sizing:
             mapping = {} if metric is None else {claim.metric or "": metric}
             row = {s.claim: s for s in gpu_plan.size_seeds(study.claims, evidence, cells, evidence_metrics=mapping,
-                                                            cap=V.MAX_SEEDS)}[claim.id]
+                                                            cap=V.MAX_SEEDS, confidence=study.confidence)}[claim.id]
             if row.status == "no evidence" and metric is None:
                 raise SystemExit(f"{claim.id}: {evidence} has no paired runs of {claim.a} and {claim.b}")
             return row
@@ -213,18 +213,21 @@ def main(study: Study, script: str) -> int:
     used = seeds_used(needed, cost, study.budget_s, study.workers)
     at = {c.id: used[i] for i, b in enumerate(groups) for c in b}
     total = sum(used[i] * cost[i] for i in used) / study.workers
+    bound = study.confidence is not None
     print(f"Sizing ({script}): paired log-ratio A / B of each claim's metric in its exploratory study's runs.csv; seeds "
           f"for power {V.POWER} at alpha 0.05/{len(claims)} = {alpha:.4f} (Holm's first step), at least "
-          f"{gpu_plan.MIN_SEEDS}")
+          f"{gpu_plan.MIN_SEEDS}" + (f"; the sd taken at its one-sided {study.confidence:.0%} upper confidence bound "
+                                     "(chi-square, over the source's seeds), not the sample sd" if bound else ""))
     shared = len(groups) < len(claims)
-    print("| claim | source (its seeds) | metric | mean log-ratio (ratio) | sd | seeds needed | seeds used | "
-          "power at used | s per seed |" + (" block |" if shared else ""))
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if shared else ""))
+    print("| claim | source (its seeds) | metric | mean log-ratio (ratio) | sd |" + (" sd sized from |" if bound else "")
+          + " seeds needed | seeds used | power at used | s per seed |" + (" block |" if shared else ""))
+    print("|---|---|---|---:|---:|" + ("---:|" if bound else "") + "---:|---:|---:|---:|" + ("---:|" if shared else ""))
     for i, block in enumerate(groups):
         for claim in block:
             s, (name, source_id) = rows[claim.id], study.sources[claim.id]
             print(f"| {claim.id} | {name} {source_id} ({s.evidence_seeds}) | {s.metric} | {math.log(s.estimate):+.4f} "
-                  f"(x{s.estimate:.3f}) | {s.sd:.4f} | {s.needed if within[claim.id] else 'out of reach'} | "
+                  f"(x{s.estimate:.3f}) | {s.sd:.4f} |" + (f" {s.sd_sized:.4f} |" if bound else "")
+                  + f" {s.needed if within[claim.id] else 'out of reach'} | "
                   f"{at[claim.id]} | {power_at(at[claim.id], s, claim, alpha):.2f} | {cost[i]:.0f} |"
                   + (f" {i + 1} |" if shared else ""))
     wanted = sum(needed[i] * cost[i] for i in needed) / study.workers

@@ -20,7 +20,8 @@ what the study will cost:
 4. **Seeds** (`size_seeds`): how many seeds each claim of the study's claims file needs for a paired
    verdict, from the paired spread of the same contrasts in an earlier study (`--evidence`:
    results/paper-fmnist/runs.csv, whose settings have the same specs), with
-   `verdicts.seeds_to_decide` at the claims file's strictest Holm level; and whether the grid gives
+   `verdicts.seeds_needed` at the claims file's strictest Holm level, the evidence's sd taken at its
+   one-sided 80 % upper confidence bound (`verdicts.SIZING_CONFIDENCE`); and whether the grid gives
    each claim that many shared seeds.
 
 `python -m dfbench.benchmark.studies.gpu_plan GRID [--dry-run]` prints all four. Nothing here
@@ -36,7 +37,7 @@ import sys
 import time
 import tomllib
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,10 @@ from typing import Any
 import numpy as np
 
 from dfbench.benchmark.core.config import ConfigError, Preset, RunConfig
+from dfbench.benchmark.grid import matching
 from dfbench.benchmark.grid import plan as grid_plan
-from dfbench.benchmark.grid.spec import Cell, Grid, GridError, load_grid, parse_grid, parse_method, resolve_grid
+from dfbench.benchmark.grid.spec import Cell, Grid, GridError, load_grid, parse_grid, resolve_grid
+from dfbench.benchmark.report.verdicts import SIZING_CONFIDENCE
 
 __all__ = [
     "Check", "CellPlan", "Sizing", "StudyPlan", "Throughput", "STATED", "load_study_grid", "main", "measure_throughput",
@@ -565,55 +568,30 @@ class Sizing:
     evidence_seeds: int
     estimate: float  # A / B (ratio) or A - B (difference) in the evidence
     sd: float  # of the per-seed paired differences on the comparison scale
-    needed: int | None  # seeds_to_decide at the file's strictest Holm level (None: not within 1000)
+    needed: int | None  # verdicts.seeds_needed at the file's strictest Holm level (None: not within `cap`)
     grid_seeds: int  # seeds the grid's cells of A and B share
     status: str  # "sized" | "short" | "out of reach" | "no evidence"
+    confidence: float | None = None  # the sd's upper confidence bound sized from (None: the sample sd itself)
+    sd_sized: float = math.nan  # the sd the seeds were sized from: sd's `confidence` upper bound, or sd
+    bounds: tuple[float, float] = (-math.inf, math.inf)  # the test's bounds on the comparison scale
+    test: str = "decide"  # verdicts.SIZING_TESTS: "bound" for an at_most claim
+    mean: float = math.nan  # the evidence's mean difference on the comparison scale
 
+    def power(self, n: int, alpha: float) -> float:
+        """The power of the claim's test at n seeds with the evidence's mean and `sd_sized` as the truth."""
+        from dfbench.benchmark.report import verdicts as V
 
-def _same(value: Any, wanted: Any) -> bool:
-    if isinstance(value, bool) or isinstance(wanted, bool):
-        return str(value).lower() == str(wanted).lower()
-    try:
-        return math.isclose(float(value), float(wanted), rel_tol=1e-9, abs_tol=1e-12)
-    except (TypeError, ValueError):
-        return str(value) == str(wanted)
-
-
-def _config_value(cfg: RunConfig, key: str) -> Any:
-    """A claim's `where` key on a config: "section.field", or a bare field name of any section (as the report's
-    run table names it, cfg.<field>: "partition", "model")."""
-    if "." in key:
-        section, _, name = key.partition(".")
-        return getattr(getattr(cfg, section, None), name, None)
-    for section in ("data", "train", "system", "eval", "privacy"):
-        if hasattr(getattr(cfg, section, None), key):
-            return getattr(getattr(cfg, section), key)
-    return getattr(cfg, key, None)
-
-
-def _cells_of(cells: Sequence[Cell], spec: str, where: Mapping[str, Any] | None = None) -> list[Cell]:
-    """The cells of the setting a claim names (a method spec whose parameters they include, or "untrained"),
-    with the config values of the claim's `where`."""
-    where = where or {}
-    if spec == "untrained":
-        picked = [c for c in cells if c.cfg.train.rounds == 0]
-    else:
-        name, params = parse_method(spec)
-        picked = []
-        for c in cells:
-            given = dict(c.cfg.method_params)
-            if c.cfg.method == name and c.cfg.train.rounds > 0 and all(
-                    _same(_config_value(c.cfg, k), v) if "." in k else (k in given and _same(given[k], v))
-                    for k, v in params.items()):  # a "section.key" parameter is a config key (fedavg?train.lr=0.002)
-                picked.append(c)
-    return [c for c in picked if all(_same(_config_value(c.cfg, k), v) for k, v in where.items())]
+        return V.sizing_power(n, self.mean, self.sd_sized, self.bounds, alpha, self.test)  # type: ignore[arg-type]
 
 
 def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Cell], *,
-               evidence_metrics: dict[str, str] | None = None, cap: int = SEED_CAP) -> list[Sizing]:
+               evidence_metrics: dict[str, str] | None = None, cap: int = SEED_CAP,
+               confidence: float | None = SIZING_CONFIDENCE) -> list[Sizing]:
     """Per claim of `claims_file`: the seeds a paired verdict needs with power 0.8 at the spread of the same
     contrast in `evidence` (a runs.csv), at alpha / (number of claims) -- the strictest Holm level of the
-    file -- and the seeds `cells` give it (shared by A and B)."""
+    file -- and the seeds `cells` give it (shared by A and B). The sizing is `verdicts.seeds_needed`: the
+    evidence's sd at its one-sided `confidence` upper bound over the evidence's seeds (None: the sample sd, as
+    studies sized before that rule were)."""
     import pandas as pd
 
     from dfbench.benchmark.metrics import table
@@ -628,7 +606,7 @@ def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Ce
     for claim in claims:
         metric = claim.metric or table.PRIMARY[0]
         ev_metric = mapping.get(metric, metric)
-        a_cells, b_cells = _cells_of(cells, claim.a, claim.where), _cells_of(cells, claim.b, claim.where)
+        a_cells, b_cells = matching.cells_of(cells, claim.a, claim.where), matching.cells_of(cells, claim.b, claim.where)
         grid_seeds = len({c.cfg.seed for c in a_cells} & {c.cfg.seed for c in b_cells})
         ev_where = {k: v for k, v in claim.where.items() if k not in EVIDENCE_FREE_KEYS}
         rows_a, rows_b = (C.select(runs, spec, ev_where) for spec in (claim.a, claim.b))
@@ -641,16 +619,18 @@ def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Ce
         scale = table.scale(ev_metric)
         d = V.transform([va[s] for s in seeds], scale) - V.transform([vb[s] for s in seeds], scale)
         mean, sd = float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else math.nan
-        if claim.expect == "at_most":
-            needed = C._seeds_one_sided(mean, sd, math.log(claim.bound or 1.0), alpha)  # the report's own rule
+        if claim.expect == "at_most":  # the report's own test: one-sided against the bound
+            test, bounds = "bound", (-math.inf, math.log(claim.bound or 1.0))
         else:
-            bounds = V.equivalence_bounds(scale, claim.margin, float(np.mean([vb[s] for s in seeds])))
-            needed = V.seeds_to_decide(mean, sd, bounds, alpha)
+            test, bounds = "decide", V.equivalence_bounds(scale, claim.margin, float(np.mean([vb[s] for s in seeds])))
+        needed = V.seeds_needed(mean, sd, len(seeds), bounds, alpha, test=test, confidence=confidence)
         if needed is None or needed > cap:
             status = "out of reach"
         else:
             status = "sized" if grid_seeds >= needed else "short"
-        out.append(Sizing(claim.id, metric, ev_metric, len(seeds), V.back(mean, scale), sd, needed, grid_seeds, status))
+        sd_sized = sd if confidence is None else V.sd_upper_bound(sd, len(seeds), confidence)
+        out.append(Sizing(claim.id, metric, ev_metric, len(seeds), V.back(mean, scale), sd, needed, grid_seeds, status,
+                          confidence, sd_sized, bounds, test, mean))
     return out
 
 
@@ -774,15 +754,20 @@ def render_plan(plan: StudyPlan, model: str, stand_in: str | None) -> str:
 
 def render_sizing(sizing: Sequence[Sizing], evidence: Path, claims_file: Path) -> str:
     n = len(sizing)
+    levels = {s.confidence for s in sizing if s.status != "no evidence"}
+    bound = next(iter(levels)) if len(levels) == 1 else None
     lines = [f"seeds: each claim of {claims_file.name} sized from the paired spread of the same contrast in "
              f"{evidence.relative_to(ROOT) if evidence.is_relative_to(ROOT) else evidence} "
-             f"(power 0.8 at alpha 0.05/{n}, Holm's strictest level; benchmark/report/verdicts.seeds_to_decide)"]
-    head = ["claim", "metric (evidence)", "evidence seeds", "A/B or A-B", "sd", "seeds needed", "grid gives", "status"]
+             + (f"at its one-sided {bound:.0%} upper confidence bound (chi-square) " if bound is not None else "")
+             + f"(power 0.8 at alpha 0.05/{n}, Holm's strictest level; benchmark/report/verdicts.seeds_needed)"]
+    head = ["claim", "metric (evidence)", "evidence seeds", "A/B or A-B", "sd",
+            *(["sd sized from"] if bound is not None else []), "seeds needed", "grid gives", "status"]
     rows = []
     for s in sizing:
         est = "-" if not math.isfinite(s.estimate) else (f"x{s.estimate:.3g}" if s.metric != "kid" else f"{s.estimate:+.3g}")
+        sized = ["-" if not math.isfinite(s.sd_sized) else f"{s.sd_sized:.3g}"] if bound is not None else []
         rows.append([s.claim, f"{s.metric} ({s.evidence_metric})", str(s.evidence_seeds), est,
-                     "-" if not math.isfinite(s.sd) else f"{s.sd:.3g}", "-" if s.needed is None else str(s.needed),
+                     "-" if not math.isfinite(s.sd) else f"{s.sd:.3g}", *sized, "-" if s.needed is None else str(s.needed),
                      str(s.grid_seeds), s.status])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *rows]]

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from dfbench.benchmark.report import claims as C
+from dfbench.benchmark.report import preregistration as P
 from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.studies import claims as study_claims
 
@@ -172,9 +173,9 @@ def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tm
 
     root = Path(C.__file__).resolve().parents[2]
     inside = root / "results" / "paper-fmnist" / "paper-fmnist.claims.toml"
-    assert C._shown_path(inside) == "results/paper-fmnist/paper-fmnist.claims.toml"
-    assert C._shown_path("results/paper-fmnist/paper-fmnist.claims.toml") == "results/paper-fmnist/paper-fmnist.claims.toml"
-    assert C._shown_path(tmp_path / "x.claims.toml") == (tmp_path / "x.claims.toml").as_posix()  # outside: as given
+    assert P.shown_path(inside) == "results/paper-fmnist/paper-fmnist.claims.toml"
+    assert P.shown_path("results/paper-fmnist/paper-fmnist.claims.toml") == "results/paper-fmnist/paper-fmnist.claims.toml"
+    assert P.shown_path(tmp_path / "x.claims.toml") == (tmp_path / "x.claims.toml").as_posix()  # outside: as given
     runs = study_claims.read_runs(root / "results" / "paper-fmnist")
     C.write_claims(runs, inside, tmp_path, study_claims._primary(runs))
     assert "From `results/paper-fmnist/paper-fmnist.claims.toml`." in (tmp_path / "claims.md").read_text()
@@ -257,7 +258,7 @@ def test_claims_with_uncommitted_changes_are_not_preregistered(tmp_path, monkeyp
     # a file git has never seen is not committed either
     new = path.with_name("new.claims.toml")
     new.write_text(path.read_text())
-    assert C.check_preregistration(new, _started([60.0] * 16)).failure is not None
+    assert P.check_preregistration(new, _started([60.0] * 16)).failure is not None
 
 
 def test_outside_a_git_checkout_preregistration_is_not_checked_and_said(tmp_path, monkeypatch):
@@ -267,7 +268,7 @@ def test_outside_a_git_checkout_preregistration_is_not_checked_and_said(tmp_path
     md = (tmp_path / "out" / "claims.md").read_text()
     assert "Pre-registration not checked: git cannot say when" in md and "not a git repository" in md
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no git at all
-    assert C.check_preregistration(path, _started([60.0] * 16)).line == "Pre-registration not checked: git is not installed."
+    assert P.check_preregistration(path, _started([60.0] * 16)).line == "Pre-registration not checked: git is not installed."
     with pytest.raises(C.ClaimsError, match="preregistered = 'yes'; write true or false"):
         C.load_claims(_claims(tmp_path, 'preregistered = "yes"\n' + GOOD))
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dfbench.benchmark.core import presets
+from dfbench.benchmark.grid import matching
 from dfbench.benchmark.report import verdicts as V
 from dfbench.benchmark.studies import gpu_plan as G
 from dfbench.datasets import data_info
@@ -203,16 +204,23 @@ def test_seeds_are_sized_from_the_evidence_s_paired_spread(tmp_path, log_ratios)
     d = np.asarray(log_ratios)
     assert (s.claim, s.metric, s.evidence_metric, s.evidence_seeds) == ("C1", "fid", "fd_fmnist", len(d))
     assert s.estimate == pytest.approx(math.exp(d.mean())) and s.sd == pytest.approx(d.std(ddof=1))
-    # power 0.8 of the paired t-test at alpha 0.05 / 1 claim: the first n where the noncentral t clears the bar
+    # the sd sized from: its one-sided 80 % upper confidence bound, sd x sqrt((n - 1) / chi2_0.2(n - 1))
     from scipy import stats
 
+    upper = d.std(ddof=1) * math.sqrt((len(d) - 1) / stats.chi2.ppf(0.2, len(d) - 1))
+    assert s.confidence == 0.8 and s.sd_sized == pytest.approx(upper) and upper > s.sd
+
+    # power 0.8 of the paired t-test at alpha 0.05 / 1 claim: the first n where the noncentral t clears the bar
     def power(n: int) -> float:
-        df, ncp = n - 1, abs(d.mean()) / d.std(ddof=1) * math.sqrt(n)
+        df, ncp = n - 1, abs(d.mean()) / upper * math.sqrt(n)
         crit = stats.t.ppf(0.975, df)
         return stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
 
     assert s.needed is not None and power(s.needed) >= 0.8 and (s.needed == 2 or power(s.needed - 1) < 0.8)
-    assert s.needed == V.seeds_to_decide(d.mean(), d.std(ddof=1), (math.log(0.9), math.log(1.1)), 0.05)
+    assert s.needed == V.seeds_needed(d.mean(), d.std(ddof=1), len(d), (math.log(0.9), math.log(1.1)), 0.05)
+    assert s.power(s.needed, 0.05) == pytest.approx(power(s.needed))
+    point = V.seeds_needed(d.mean(), d.std(ddof=1), len(d), (math.log(0.9), math.log(1.1)), 0.05, confidence=None)
+    assert point is not None and point <= s.needed  # the sample sd asks for no more seeds than its upper bound
     assert s.grid_seeds == 5 and s.status == ("sized" if s.needed <= 5 else "short")
     assert G.seeds_per_setting([s], claims) == {"topk_prune?keep_ratio=0.5": max(3, s.needed),
                                                  "random_prune?keep_ratio=0.5": max(3, s.needed)}
@@ -228,9 +236,9 @@ def test_a_claim_s_where_picks_the_grid_s_cells_but_not_the_evidence_s_network(t
     other = [{"method": m, "train.model": "small32", "seed": s} for m in methods for s in (5, 6)]
     grid, *_ = G.load_study_grid(str(write_grid(tmp_path / "g.toml", {"data.dataset": "cifar10", "train.model": "tiny"},
                                                 {"method": methods, "seed": [0, 1, 2, 3, 4]}, cells=other)), "cuda")
-    assert len(G._cells_of(grid.cells, methods[0])) == 7
-    assert len(G._cells_of(grid.cells, methods[0], {"train.model": "tiny"})) == 5
-    assert [c.cfg.seed for c in G._cells_of(grid.cells, methods[1], {"model": "small32"})] == [5, 6]  # a bare field name
+    assert len(matching.cells_of(grid.cells, methods[0])) == 7
+    assert len(matching.cells_of(grid.cells, methods[0], {"train.model": "tiny"})) == 5
+    assert [c.cfg.seed for c in matching.cells_of(grid.cells, methods[1], {"model": "small32"})] == [5, 6]  # a bare field name
     (s,) = G.size_seeds(claims, _evidence(tmp_path, [-0.9, -0.3, -1.4, -0.6]), grid.cells)
     assert s.evidence_seeds == 4 and s.grid_seeds == 5 and s.status != "no evidence"
 
@@ -262,14 +270,15 @@ def test_the_shipped_grid_gives_every_claim_in_reach_the_seeds_it_needs(no_cuda)
         pytest.skip("results/paper-fmnist/runs.csv is not in this checkout")
     grid, *_ = G.load_study_grid(GRID, "cuda")
     claims = ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.claims.toml"
-    sizing = G.size_seeds(claims, G.EVIDENCE, grid.cells)
+    # the grid was sized at the evidence's sample sd, before sizing took its upper confidence bound (issue 62)
+    sizing = G.size_seeds(claims, G.EVIDENCE, grid.cells, confidence=None)
     assert [s.claim for s in sizing if s.status == "short"] == []
     assert {s.claim for s in sizing if s.status == "sized"} >= {"C1-0.5", "C1-0.25", "cost-topk-0.5", "trained"}
     # every setting has exactly the seeds the rule gives it (none wasted, every cell a claim's), seed 7 (held out) never
     rule = G.seeds_per_setting(sizing, claims)
     pruning = {"train.model": "diffusers-ddpm-cifar10"}  # every claim's `where`: the pruning study's network
     for spec, n in rule.items():
-        cells = G._cells_of(grid.cells, spec, pruning)
+        cells = matching.cells_of(grid.cells, spec, pruning)
         assert len(cells) == len({c.cfg.seed for c in cells}) == n, spec
     assert sum(rule.values()) == len([c for c in grid.cells if c.cfg.train.model == pruning["train.model"]]) == 60
     assert all(c.cfg.seed != 7 for c in grid.cells)

@@ -90,14 +90,15 @@ def test_holm_by_hand_and_against_multipletests():
 def test_seeds_to_decide_matches_statsmodels_sample_size_when_only_the_difference_can_decide():
     mean, sd = 0.5, 0.4  # a ratio of e^0.5 = 1.65: far outside +-10 %, equivalence has no power
     bounds = V.equivalence_bounds("log", 0.1, 1.0)
-    n = V.seeds_to_decide(mean, sd, bounds, alpha=0.05)
+    n = V.seeds_needed(mean, sd, 3, bounds, alpha=0.05, confidence=None)  # the sample sd as the truth
     expected = math.ceil(TTestPower().solve_power(effect_size=mean / sd, alpha=0.05, power=0.8, alternative="two-sided"))
     assert n == expected
     assert V.power_difference(n, mean, sd, 0.05) >= 0.8 > V.power_difference(n - 1, mean, sd, 0.05)
     for k in (2, 3, 5, 9, 30):  # the noncentral-t formula is statsmodels' power
         assert V.power_difference(k, mean, sd, 0.01) == pytest.approx(
             TTestPower().power(effect_size=mean / sd, nobs=k, alpha=0.01, alternative="two-sided"), abs=1e-9)
-    assert V.seeds_to_decide(0.5, 0.0, bounds, 0.05) is None  # no spread: nothing to size
+    assert V.seeds_needed(0.5, 0.0, 3, bounds, 0.05, confidence=None) is None  # no spread: nothing to size
+    assert V.seeds_needed(0.5, 0.0, 3, bounds, 0.05) is None
 
 
 def test_power_equivalence_is_a_lower_bound_close_to_a_simulation():
@@ -112,7 +113,7 @@ def test_power_equivalence_is_a_lower_bound_close_to_a_simulation():
     assert bound <= simulated + 0.01
     assert bound == pytest.approx(simulated, abs=0.05)
     # and the sizing uses it: an observed near-zero difference needs some seeds for an equivalence verdict
-    need = V.seeds_to_decide(mean, sd, bounds, alpha)
+    need = V.seeds_needed(mean, sd, n, bounds, alpha, confidence=None)
     assert need is not None and V.power_equivalence(need, mean, sd, bounds, alpha) >= 0.8
 
 
