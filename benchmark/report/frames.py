@@ -182,6 +182,14 @@ def run_interval(metric: str, entry: Mapping[str, Any]) -> tuple[float, float, s
     return low, high, method
 
 
+def init_label(init: Mapping[str, Any]) -> str:
+    """How a row names the weights its run started from (metrics.json "init", train.init): "from <run id>" for a
+    finished run's final model, else the file or folder's name and the weights' digest, short."""
+    if init.get("run_id"):
+        return f"from {init['run_id']}"
+    return f"{Path(str(init.get('path', ''))).name} {str(init.get('sha256', ''))[:12]}".strip()
+
+
 def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Long tables from parsed runs: (one row per run, one row per evaluation, one row per round).
 
@@ -261,6 +269,8 @@ def runs_frame(records: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame
         for key, value in flatten_config({k: v for k, v in cfg.items() if k not in hidden}).items():
             if not (key in neutral and value == neutral[key]):  # a later field at its neutral value: as before it
                 row[f"cfg.{key}"] = value
+        if row.get("cfg.init_sha256") and isinstance(metrics.get("init"), dict):  # started from trained weights
+            row["cfg.init_sha256"] = init_label(metrics["init"])
         run_rows.append(row)
         result = [e for e in metrics.get("evaluations", []) if not is_variant(e)]
         for key, entry in _metric_keys(result, rec.warnings):
