@@ -61,7 +61,7 @@ demo: $(VENV)/.installed data-fmnist ## set up .venv, train every method family 
 	@# one torch thread per worker, as for the committed numbers (CPU results depend on the thread count)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid demo --workers $(CPU_WORKERS) --out results/demo/runs --device $(DEVICE); status=$$?; \
 	$(BIN)/dfbench report --runs results/demo/runs --out results/demo --claims benchmark/grid/builtin/demo.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.reproduce results/demo results/demo/reference && exit $$status
+	$(BIN)/python results/demo/reproduce.py results/demo results/demo/reference && exit $$status
 	@echo "Next, in a new shell: source .venv/bin/activate, then e.g. dfbench methods (README: Usage)"
 
 gt-demo: $(VENV)/.installed ## the ground-truth track's demo: every method family + the exact-score floor and the untrained ceiling on gmm:dim8 (Dirichlet 0.3), trained to the plateau (cap 128 rounds), scored exactly; page in results/gt-demo/ (~10 min on 2 cores)
@@ -102,19 +102,19 @@ bench-paper-fmnist: $(VENV)/.installed ## CPU-sized pruning study on Fashion-MNI
 	@# committed numbers (which worker runs a cell, and how many workers there are, changes nothing)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist/paper-fmnist.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/runs --out results/paper-fmnist --claims results/paper-fmnist/paper-fmnist.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
+	$(BIN)/python results/paper-fmnist/paper_figures.py --runs results/paper-fmnist/runs --out results/paper-fmnist && exit $$status
 
 bench-paper-fmnist-budget: $(VENV)/.installed ## FedAvg vs random pruning keep 0.5 at 14/28 rounds on small28/small32, 6 seeds (~3.5 h on 2 cores; reuses bench-paper-fmnist's runs), results in results/paper-fmnist-budget/
 	@# the small28 / 14-round cells are paper-fmnist's own runs (same run ids): copied in when that study has run
-	$(BIN)/python -m dfbench.benchmark.studies.share_runs --grid results/paper-fmnist-budget/paper-fmnist-budget.toml --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
+	$(BIN)/python results/paper-fmnist-budget/share_runs.py --grid results/paper-fmnist-budget/paper-fmnist-budget.toml --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist-budget/paper-fmnist-budget.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist-budget/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist-budget/runs --out results/paper-fmnist-budget --claims results/paper-fmnist-budget/paper-fmnist-budget.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.budget_width results/paper-fmnist-budget && exit $$status
+	$(BIN)/python results/paper-fmnist-budget/budget_width.py results/paper-fmnist-budget && exit $$status
 
 bench-paper-fmnist-rules: $(VENV)/.installed ## the held-out seed that chose paper-fmnist's inference rules (~30 min on 2 cores), results in results/paper-fmnist/rules/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/paper-fmnist/rules/paper-fmnist-rules.toml --download --workers $(CPU_WORKERS) --out results/paper-fmnist/rules/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules && \
-	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
+	$(BIN)/python results/paper-fmnist/paper_figures.py --runs results/paper-fmnist/rules/runs --out results/paper-fmnist/rules --choose-rules && \
 	$(BIN)/python results/paper-fmnist/pruning_masks.py results/paper-fmnist/rules/runs --out results/paper-fmnist/rules/pruning_masks.csv && exit $$status
 
 bench-paper-fmnist-rule-losses: $(VENV)/.installed ## every inference rule at keep 0.5 scored by fd_fmnist and by training loss, on paper-fmnist's runs (~12 min; run bench-paper-fmnist first), results in results/paper-fmnist/rule_losses/
@@ -125,7 +125,7 @@ bench-cpu-aggregation: $(VENV)/.installed ## aggregation baselines on Fashion-MN
 	@# grid come from `make bench-cpu-aggregation-tune` (held-out seed, results/cpu-aggregation/tune/)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-aggregation/cpu-aggregation.toml --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-aggregation/runs --out results/cpu-aggregation --claims results/cpu-aggregation/cpu-aggregation.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
+	$(BIN)/python scripts/paired.py --runs results/cpu-aggregation/runs --out results/cpu-aggregation && exit $$status
 
 bench-cpu-aggregation-tune: $(VENV)/.installed ## the server-lr sweep behind cpu-aggregation (seed 7, ~20 min on 2 cores), results in results/cpu-aggregation/tune/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-aggregation/tune/cpu-aggregation-tune.toml --download --workers $(CPU_WORKERS) --out results/cpu-aggregation/tune-runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
@@ -144,26 +144,26 @@ bench-cpu-stragglers: $(VENV)/.installed ## half the clients 4x slower on a simu
 	@# comes from the held-out seed 7 (results/cpu-stragglers/rules.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-stragglers/cpu-stragglers.toml --download --workers $(CPU_WORKERS) --out results/cpu-stragglers/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-stragglers/runs --out results/cpu-stragglers --claims results/cpu-stragglers/cpu-stragglers.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-stragglers && exit $$status
+	$(BIN)/python results/cpu-stragglers/time_to_quality.py --runs results/cpu-stragglers/runs --out results/cpu-stragglers && \
+	$(BIN)/python scripts/speed.py results/cpu-stragglers && exit $$status
 
 bench-cpu-compression: $(VENV)/.installed ## top-k / sign / QSGD / PowerSGD / min-max quantized updates near 8x, 32x, 100x less uplink vs FedAvg, 3 seeds (~40 min on 2 cores), results in results/cpu-compression/
 	@# one torch thread per worker, as for the committed numbers
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-compression/cpu-compression.toml --download --workers $(CPU_WORKERS) --out results/cpu-compression/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-compression/runs --out results/cpu-compression --claims results/cpu-compression/cpu-compression.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.paired --runs results/cpu-compression/runs --out results/cpu-compression && \
-	$(BIN)/python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
+	$(BIN)/python scripts/paired.py --runs results/cpu-compression/runs --out results/cpu-compression && \
+	$(BIN)/python results/cpu-compression/frontier.py --runs results/cpu-compression/runs --out results/cpu-compression && exit $$status
 
 bench-cpu-bf16: $(VENV)/.installed ## bf16 autocast vs float32 training, paper-fmnist's FedAvg cell, 10 fresh seeds, equivalence within 5 % in three metrics (~35 min on 2 cores), results in results/cpu-bf16/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-bf16/cpu-bf16.toml --download --workers $(CPU_WORKERS) --out results/cpu-bf16/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-bf16/runs --out results/cpu-bf16 --reference 'fedavg?train.amp=off' --claims results/cpu-bf16/cpu-bf16.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-bf16 && exit $$status
+	$(BIN)/python scripts/speed.py results/cpu-bf16 && exit $$status
 
 bench-cpu-submodels: $(VENV)/.installed ## issue 53's sub-model schemes at capacity tiers 1.0/0.5 (slow = small): FedAvg, random/top-k/balanced masks, HeteroFL, FedRolex, FjORD, hierarchical FedAvg, FedPhD, 5 fresh seeds (~75 min on 2 cores), claims pre-registered; results in results/cpu-submodels/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-submodels/cpu-submodels.toml --download --workers $(CPU_WORKERS) --out results/cpu-submodels/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-submodels/runs --out results/cpu-submodels --reference 'fedavg?system.edges=0' --claims results/cpu-submodels/cpu-submodels.claims.toml && \
 	$(BIN)/python results/cpu-submodels/submodel_study.py && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-submodels && exit $$status
+	$(BIN)/python scripts/speed.py results/cpu-submodels && exit $$status
 
 bench-run-speed: $(VENV)/.installed ## one dfbench run of paper-fmnist's FedAvg cell before / after issue 52's speed-ups, side by side (~12 min on 2 cores), results/cpu-bf16/speed_run.md
 	$(BIN)/python results/cpu-bf16/run_speed.py
@@ -171,22 +171,22 @@ bench-run-speed: $(VENV)/.installed ## one dfbench run of paper-fmnist's FedAvg 
 bench-cpu-experts: $(VENV)/.installed ## DDM's routing claim: top-1 vs the full mixture of the same K = 2 experts on paper-fmnist's CPU recipe, 6 seeds (~25 min on 2 cores), results in results/cpu-experts/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-experts/cpu-experts.toml --download --workers $(CPU_WORKERS) --out results/cpu-experts/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-experts/runs --out results/cpu-experts --reference 'experts?mixing=full' --claims results/cpu-experts/cpu-experts.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-experts && exit $$status
+	$(BIN)/python scripts/speed.py results/cpu-experts && exit $$status
 
 bench-cpu-privacy: $(VENV)/.installed ## memorization, membership inference and user-level DP: FedAvg, experts, pruning, quantized, DP-FedAvg at 3 noise levels, 3 seeds (~45 min on 2 cores), results in results/cpu-privacy/
 	@# one torch thread per worker, as for the committed numbers; DP's clipping bound comes from the
 	@# held-out seed 7 (the comments of results/cpu-privacy/cpu-privacy.toml)
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/cpu-privacy/cpu-privacy.toml --download --workers $(CPU_WORKERS) --out results/cpu-privacy/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cpu-privacy/runs --out results/cpu-privacy --claims results/cpu-privacy/cpu-privacy.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/cpu-privacy && exit $$status
+	$(BIN)/python results/cpu-privacy/privacy.py --runs results/cpu-privacy/runs --out results/cpu-privacy && \
+	$(BIN)/python scripts/speed.py results/cpu-privacy && exit $$status
 
 bench-confirmatory: $(VENV)/.installed ## issue 54's confirmatory re-runs on fresh seeds, claims pre-registered: top-k vs random masks at keep 0.5 (paper-fmnist's cells), 8-bit quantized updates vs FedAvg (cpu-compression's), top-1 vs full-mixture experts (cpu-experts'); 30 cells, seeds 401-407 (~35 min on 2 cores; dry run ~38 min), results in results/confirmatory/
 	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory.claims.toml before the first
 	@# cell: the report checks that every run started after the claims file's last commit and exits 1 if not
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory/confirmatory.toml --download --workers $(CPU_WORKERS) --out results/confirmatory/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/confirmatory/runs --out results/confirmatory --reference 'experts?mixing=full' --claims results/confirmatory/confirmatory.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/confirmatory && exit $$status
+	$(BIN)/python scripts/speed.py results/confirmatory && exit $$status
 
 bench-confirmatory-2: $(VENV)/.installed ## issue 54's second confirmatory batch, claims pre-registered: the server optimizers and SCAFFOLD vs the tuned FedAvg at Dirichlet 0.1 (cpu-aggregation's cells, seeds 501-508), the adopted recipe vs the old one (cpu-recipe's, 501-505); 58 cells (~50-60 min on 2 cores), results in results/confirmatory-2/
 	@# one torch thread per worker, as for the exploratory runs. Commit confirmatory-2.claims.toml before the first
@@ -194,7 +194,7 @@ bench-confirmatory-2: $(VENV)/.installed ## issue 54's second confirmatory batch
 	@# The leaderboard's reference is each block's batch-32 FedAvg: the tuned FedAvg at Dirichlet 0.1, the old recipe at 0.5
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-2/confirmatory-2.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-2/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/confirmatory-2/runs --out results/confirmatory-2 --reference 'fedavg?train.batch_size=32' --claims results/confirmatory-2/confirmatory-2.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.speed results/confirmatory-2 && exit $$status
+	$(BIN)/python scripts/speed.py results/confirmatory-2 && exit $$status
 
 bench-confirmatory-2-followup: $(VENV)/.installed ## exploratory follow-up of confirmatory-2: the server optimizers' eta at Dirichlet 0.1 and 18 rounds, seeds 601-603 (39 cells, ~30 min on 2 cores), results/confirmatory-2/followup/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-2/followup/followup.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-2/followup/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
@@ -209,7 +209,7 @@ bench-confirmatory-3: $(VENV)/.installed ## issue 54's confirmatory re-run of Qi
 
 bench-metric-calibration: $(VENV)/.installed ## every Fashion-MNIST metric on 9 families of graded degradation of 1000 real test images, 2 subsets (11-15 min on 2 cores), results in results/metric-calibration/
 	@# one torch thread (and one BLAS thread): the committed numbers are for one, and results depend on it
-	OMP_NUM_THREADS=1 $(BIN)/python -m dfbench.benchmark.studies.calibration --out results/metric-calibration
+	OMP_NUM_THREADS=1 $(BIN)/python results/metric-calibration/calibration.py --out results/metric-calibration
 
 bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 	$(BIN)/dfbench grid comm --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
@@ -231,7 +231,7 @@ bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	$(BIN)/dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cifar10-gpu/runs --out results/cifar10-gpu --claims results/cifar10-gpu/cifar10-gpu.claims.toml && \
-	$(BIN)/python -m dfbench.benchmark.studies.paper_figures --runs results/cifar10-gpu/runs --out results/cifar10-gpu --model diffusers-ddpm-cifar10 && exit $$status
+	$(BIN)/python results/paper-fmnist/paper_figures.py --runs results/cifar10-gpu/runs --out results/cifar10-gpu --model diffusers-ddpm-cifar10 && exit $$status
 
 bench-cifar10-gpu-plan: $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed) ## bench-cifar10-gpu's preflight and plan only (exit 0): what this machine lacks and where to get it, the cells, the GPU-hours (measured on a GPU, else estimated), the seeds each claim needs
 	$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) --dry-run
@@ -247,15 +247,15 @@ bench-flower: $(VENV)/.installed ## dfbench's round vs Flower's simulation engin
 	@$(BIN)/python -c "import flwr" 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[flower]'
 	env -u OMP_NUM_THREADS $(BIN)/python -m dfbench.benchmark.flower_bench --out results/perf --rounds 2 $(FLOWER_ARGS)
 
-# What a capacity-c client's sub-model saves in training speed (benchmark/submodel_speed.py, issue 53): one client's
+# What a capacity-c client's sub-model saves in training speed (results/perf/submodel_speed.py, issue 53): one client's
 # local training through each method's own plan, timed with one torch thread (a parallel run's client worker).
 # Run it on an idle machine. SUBMODEL_SPEED_ARGS: e.g. "--repeats 9" or "--preset small32".
 SUBMODEL_SPEED_ARGS ?=
 bench-submodel-speed: $(VENV)/.installed ## one client's training images/s at capacity 1.0/0.75/0.5/0.25 vs a full FedAvg client: HeteroFL / FedRolex / FjORD sub-models and random / balanced / top-k masks (small28, batch 16, 1 thread, ~4 min), table in results/perf/submodel_speed.md
-	$(BIN)/python -m dfbench.benchmark.submodel_speed --out results/perf $(SUBMODEL_SPEED_ARGS)
+	$(BIN)/python results/perf/submodel_speed.py --out results/perf $(SUBMODEL_SPEED_ARGS)
 
 gpu-check: ## on a CUDA machine: smoke runs, CUDA-only flags + determinism, Fashion-MNIST sequential/batched, torchrun/NCCL, perf -> results/gpu-check.md (<= 10 min; runs this checkout uninstalled, pip-installs missing deps; PYTHON=... picks the interpreter)
 	scripts/gpu_check.sh
 
-clean-demo: ## delete what make demo wrote (its run folders and page); the committed reference stays
-	find results/demo -mindepth 1 -maxdepth 1 ! -name README.md ! -name reference -exec rm -rf {} +
+clean-demo: ## delete what make demo wrote (its run folders and page); the committed reference and reproduce.py stay
+	find results/demo -mindepth 1 -maxdepth 1 ! -name README.md ! -name reference ! -name reproduce.py -exec rm -rf {} +

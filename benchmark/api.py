@@ -3,6 +3,28 @@
 Thin, like the CLI: it builds the same validated ``RunConfig`` as ``dfbench run`` (through the
 same flag table, benchmark/run_flags.py) and calls the same library functions, so a notebook run
 and a command-line run of one config share a folder; ``run_grid`` is ``dfbench grid``.
+
+It is also the one door a committed study's own scripts go through (results/<study>/*.py, scripts/*.py:
+outside the package, they import nothing of dfbench but this module). Beside the functions defined here it
+re-exports, by area:
+
+- run folders: ``runfolder`` (the format: file names, states, readers), ``RunFolder`` and ``iter_runs`` (the
+  one walk over a tree of run folders: no script globs for config.json itself), ``run_drift`` and
+  ``load_samples`` (a run's drift record and its samples);
+- the runs frame: ``collect`` (the reporter's ``ReportData``: runs, evaluations, curves), ``load_runs`` (one row
+  per evaluation), ``primary_metric``, ``higher_is_better``, ``better``, ``curve_labels``, ``CONFIG_DEFAULTS``,
+  ``setting_names`` and ``is_baseline`` (how pages name settings), ``reference_method``, ``load_grid``;
+- metrics and verdicts: ``metric_table`` (the one metrics table: scale, direction), ``t_interval``,
+  ``seed_interval``, ``chance_band``, ``verdicts`` (paired t, TOST, Holm, the four verdicts),
+  ``seed_differences``, ``paired_table`` / ``write_paired_table`` (each setting minus a reference, per seed);
+- study tables: ``load_study``, ``write_study``, ``study_main`` (the runs and metric a study compares, its
+  table written as .md/.csv/.png, its command line), ``run_speeds`` / ``speeds`` / ``speed_table`` /
+  ``write_speed_table`` (training speed per run and per setting);
+- scoring images as a run's samples are scored: ``evaluate_samples`` and ``ScoreOptions`` (loaded on first use),
+  ``derive_seed`` (the seeding every run uses);
+- the pruning methods' inference rules, ``INFERENCE_MODES``.
+
+``dfbench.datasets`` and ``dfbench.methods`` (the registry, the method protocol) are public packages of their own.
 """
 
 from __future__ import annotations
@@ -15,6 +37,41 @@ import pandas as pd
 from dfbench.benchmark.core.config import ConfigError, RunConfig
 from dfbench.benchmark.engine.resolve import apply_overrides
 from dfbench.benchmark.run_flags import FLAG_KEYS, config_from_flags
+
+# What a study's scripts use, re-exported (module doc); `X as X` marks each as this module's public name.
+from dfbench.benchmark.core import runfolder as runfolder
+from dfbench.benchmark.core.runfolder import RunFolder as RunFolder, iter_runs as iter_runs
+from dfbench.benchmark.core.seeds import derive_seed as derive_seed
+from dfbench.benchmark.grid.spec import load_grid as load_grid
+from dfbench.benchmark.metrics import table as metric_table
+from dfbench.benchmark.metrics.drift import load_samples as load_samples, run_drift as run_drift
+from dfbench.benchmark.metrics.uncertainty import seed_interval as seed_interval, t_interval as t_interval
+from dfbench.benchmark.report import verdicts as verdicts
+from dfbench.benchmark.report.frames import (CONFIG_DEFAULTS as CONFIG_DEFAULTS, ReportData as ReportData,
+                                             better as better, collect as collect, curve_labels as curve_labels,
+                                             higher_is_better as higher_is_better, primary_metric as primary_metric)
+from dfbench.benchmark.report.names import is_baseline as is_baseline, setting_names as setting_names
+from dfbench.benchmark.report.paired import paired_table as paired_table, write as write_paired_table
+from dfbench.benchmark.report.speed import (run_speeds as run_speeds, speeds as speeds, summarize as speed_table,
+                                            write as write_speed_table)
+from dfbench.benchmark.report.study_tools import (StudyRuns as StudyRuns, load_study as load_study,
+                                                  seed_differences as seed_differences, study_main as study_main,
+                                                  write_study as write_study)
+from dfbench.methods.pruning import INFERENCE_MODES as INFERENCE_MODES
+from dfbench.methods.registry import reference_method as reference_method
+
+# Re-exported on first use: their modules import scipy and the feature networks' code (seconds), which
+# `dfbench.run` does not need at import.
+_LAZY = {"chance_band": "dfbench.benchmark.metrics.membership",
+         "evaluate_samples": "dfbench.benchmark.metrics.scoring", "ScoreOptions": "dfbench.benchmark.metrics.scoring"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 if TYPE_CHECKING:  # pragma: no cover
     from dfbench.benchmark.grid.runner import GridSummary
@@ -94,7 +151,6 @@ def run_grid(grid: str | Path, *, out: str | Path = "results/runs", workers: int
     workers load them too.
     """
     from dfbench.benchmark.grid.plan import parse_shard
-    from dfbench.benchmark.grid.spec import load_grid
     from dfbench.benchmark.grid.workers import run_with_workers
     from dfbench.benchmark.tracking import parse_trackers
     from dfbench.methods.plugins import load_plugins
@@ -120,8 +176,6 @@ def load_runs(root: str | Path = "results/runs") -> pd.DataFrame:
     (``eval.metrics=none``, or evaluation pending) keeps one row with an empty ``metric``.
     Failed, diverged and unfinished runs are not in it (``dfbench report`` lists them with the reason).
     """
-    from dfbench.benchmark.report.frames import collect
-
     data = collect(root)
     evals = data.evaluations.drop(columns=["group_key"])
     if data.runs.empty:

@@ -132,10 +132,30 @@ class LocalStep:
     # `network` (inside `mask`) as a narrower network of its own: trained at its own size (structured sub-models)
     dense: DenseNetwork | None = None
 
+    #: the fields the vmapped lockstep of train.clients_mode=batched (benchmark/engine/batched.py) carries out; a
+    #: step that sets any other field away from its default cannot run there (`lockstep`), so a field added above
+    #: is refused by the batched mode until it is carried out there and named here, never silently dropped
+    LOCKSTEP_FIELDS: ClassVar[frozenset[str]] = frozenset({"mask", "proximal_mu", "objective"})
+
     @property
     def lockstep(self) -> bool:
-        """Can this step run in the vmapped lockstep of train.clients_mode=batched (the full model, plain steps)?"""
-        return self.network is None and self.step_correction is None and self.dense is None
+        """Can this step run in the vmapped lockstep of train.clients_mode=batched? Only when every field it sets
+        away from its default is one the lockstep carries out (`LOCKSTEP_FIELDS`): the full model, plain steps."""
+        return not self.beyond_lockstep()
+
+    def beyond_lockstep(self) -> list[str]:
+        """The fields this step sets that the lockstep does not carry out (empty: it can run in lockstep)."""
+        return [f.name for f in dataclasses.fields(self)
+                if f.name not in self.LOCKSTEP_FIELDS and not _at_default(getattr(self, f.name), f)]
+
+
+def _at_default(value: Any, f: dataclasses.Field) -> bool:
+    """A dataclass field's value is its declared default (None, a number, a string; a tensor never is one)."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+    if value is default:
+        return True
+    plain = (bool, int, float, str)
+    return isinstance(value, plain) and isinstance(default, plain) and value == default
 
 
 @dataclass

@@ -21,13 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from dfbench.benchmark.core.runfolder import WALL_CLOCK
+from dfbench.benchmark.api import iter_runs, runfolder
 
-TIMING = {*WALL_CLOCK, "train_wall_seconds", "eval_wall_seconds", "environment"}  # measured, never equal
+TIMING = {*runfolder.WALL_CLOCK, "train_wall_seconds", "eval_wall_seconds", "environment"}  # measured, never equal
 
 
 def run_folders(root: Path) -> dict[str, Path]:
-    return {p.parent.relative_to(root).as_posix(): p.parent for p in root.rglob("config.json")}
+    """Relative path -> run folder, for every run folder under `root` (none when `root` is not a folder)."""
+    if not root.is_dir():
+        return {}
+    return {run.path.relative_to(root).as_posix(): run.path for run in iter_runs(root)}
 
 
 def same(a: Any, b: Any) -> bool:

@@ -22,18 +22,14 @@ import hashlib
 import io
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dfbench import datasets  # noqa: E402  (the project package, after the path fix above)
-from dfbench.benchmark.metrics.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier  # noqa: E402
+from dfbench import datasets
+from dfbench.benchmark.metrics.features import ASSETS_DIR, FMNIST_CLASSIFIER_FILE, FMNISTClassifier
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

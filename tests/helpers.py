@@ -50,16 +50,34 @@ def lockstep_kw(model, layout, jobs, images, objective, *, steps, batch_size, lr
 
 def load_script(name: str) -> Any:
     """A script imported as a module (the scripts are not a package): a shared tool's name (scripts/<name>.py),
-    or a study's script by its path from the repository root (results/cpu-recipe/cpu_recipe.py)."""
+    or a study's script by its path from the repository root (results/cpu-recipe/cpu_recipe.py).
+
+    Loaded from its file once per process, under a name made from its path (``script_results_cpu_recipe_cpu_recipe``)
+    and registered in sys.modules, as dataclasses need. While it loads, its folder is first on sys.path, as when
+    Python runs it as a script (results/paper-fmnist/rule_losses.py imports rescore_inference.py beside it)."""
     import importlib.util
+    import re
+    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     path = root / name if name.endswith(".py") else root / "scripts" / f"{name}.py"
     assert path.is_file(), f"no script {path}"
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module_name = "script_" + re.sub(r"\W", "_", path.relative_to(root).with_suffix("").as_posix())
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    saved = list(sys.path)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    finally:
+        sys.path[:] = saved
     return module
 
 

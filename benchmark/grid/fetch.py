@@ -33,7 +33,7 @@ from dfbench.datasets import sources
 from dfbench.datasets.download import DownloadError, download_file, file_digest
 
 from dfbench.benchmark.core.config import RunConfig
-from dfbench.benchmark.metrics.table import auto_metrics, extractor_of
+from dfbench.benchmark.metrics.table import FETCHED_EXTRACTORS, auto_metrics, extractor_of
 from dfbench.benchmark.metrics.weight_files import MissingWeightsError, find_weights, known_weights, weights_dir
 
 __all__ = [
@@ -178,7 +178,7 @@ def _weights_for(cfg: RunConfig) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for metric in chosen:
         extractor = extractor_of(metric)
-        if extractor in ("inception", "clean"):
+        if extractor in FETCHED_EXTRACTORS:
             out.setdefault(known_weights(extractor).fetch_name, []).append(metric)
     return out
 

@@ -52,6 +52,7 @@ from torch import nn
 
 # The weights lookup lives in .weights (also used by `dfbench fetch`); re-exported here.
 from dfbench.benchmark.core.numerics import exact_float32, features_key
+from dfbench.benchmark.metrics.table import EXTRACTORS, ExtractorName
 from dfbench.benchmark.metrics.weight_files import (
     CLEAN_INCEPTION_WEIGHTS,
     INCEPTION_WEIGHTS,
@@ -88,9 +89,7 @@ __all__ = [
     "weights_dir",
 ]
 
-ExtractorName = Literal["fmnist", "fmnist_ae", "inception", "clean", "dinov2"]
 CleanMode = Literal["clean", "legacy_tensorflow"]
-EXTRACTOR_NAMES: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean", "dinov2")
 CLEAN_MODES: tuple[str, ...] = ("clean", "legacy_tensorflow")
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -400,8 +399,8 @@ def get_extractor(
     dinov2, whose file has no pinned hash: `DinoV2WeightsError` when the file is
     not the official architecture's state dict).
     """
-    if name not in EXTRACTOR_NAMES:
-        raise ValueError(f"unknown extractor {name!r}; choose one of {list(EXTRACTOR_NAMES)}")
+    if name not in EXTRACTORS:
+        raise ValueError(f"unknown extractor {name!r}; choose one of {list(EXTRACTORS)}")
     if clean_mode not in CLEAN_MODES:
         raise ValueError(f"unknown clean_mode {clean_mode!r}; choose one of {list(CLEAN_MODES)}")
 

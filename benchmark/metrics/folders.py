@@ -7,7 +7,7 @@ Re-exported by `benchmark.metrics.scoring`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ def fid_between(
     a: str | Path,
     b: str | Path,
     *,
-    extractor: Literal["fmnist", "fmnist_ae", "inception", "clean", "dinov2"] = "inception",
+    extractor: table.ExtractorName = "inception",
     weights: str | Path | None = None,
     device: str = "cpu",
     batch_size: int = 256,

@@ -62,7 +62,6 @@ __all__ = [
     "reference_stats",
 ]
 
-MetricName = Literal["fd_fmnist", "fd_fmnist_ae", "kid_fmnist", "kid_fmnist_ae", "fid", "kid", "fid_clean", "fd_dinov2"]
 # The metrics eval.metrics may name; which extractor computes each: benchmark/metrics/table.py.
 METRICS: tuple[str, ...] = table.REQUESTABLE
 

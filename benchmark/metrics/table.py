@@ -42,13 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from dfbench.benchmark.metrics.prdc import PRDC_METRICS
 
 __all__ = [
-    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "INDEPENDENT_CHECKS", "METRICS", "Metric", "OPTIONAL_EXTRACTORS",
-    "PRIMARY", "REQUESTABLE", "auto_metrics",
+    "AUTO_FALLBACK", "EXTRACTORS", "EXTRACTOR_TITLES", "ExtractorName", "FETCHED_EXTRACTORS", "INDEPENDENT_CHECKS",
+    "METRICS", "Metric", "OPTIONAL_EXTRACTORS", "PRIMARY", "REQUESTABLE", "THIRD_PARTY_EXTRACTORS", "auto_metrics",
     "better", "check_requested", "client_metric_names", "extractor_of", "frechet_extractors", "frechet_metric", "get",
     "defined_on", "independent_checks",
     "prdc_metric", "reference_split_of", "scale",
@@ -61,8 +61,12 @@ Kind = Literal["frechet", "kid", "prdc", "client", "coverage", "leakage", "model
 ReferenceRule = Literal["eval", "train", "own"]
 
 # Feature extractors (benchmark.metrics.features.get_extractor names, which are also the names the
-# metric rows record under "extractor"), in the order their metrics are listed.
-EXTRACTORS: tuple[str, ...] = ("fmnist", "fmnist_ae", "inception", "clean", "dinov2")
+# metric rows record under "extractor"), in the order their metrics are listed: named here and nowhere else.
+ExtractorName = Literal["fmnist", "fmnist_ae", "inception", "clean", "dinov2"]
+EXTRACTORS: tuple[str, ...] = get_args(ExtractorName)
+# Extractors whose weights are a third-party file found on the machine (metrics/weight_files.py), not a network
+# committed with the package (fmnist, fmnist_ae): those of them not OPTIONAL are fetched (`dfbench fetch`)
+THIRD_PARTY_EXTRACTORS: tuple[str, ...] = ("inception", "clean", "dinov2")
 EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier",
                                     "fmnist_ae": "the label-free Fashion-MNIST autoencoder",
                                     "inception": "pytorch-fid's Inception", "clean": "clean-fid's Inception",
@@ -71,6 +75,7 @@ EXTRACTOR_TITLES: dict[str, str] = {"fmnist": "the Fashion-MNIST classifier",
 # not found, scoring leaves their metrics out with a note saying why and scores the rest, instead of
 # leaving the whole evaluation pending (as a missing Inception file does).
 OPTIONAL_EXTRACTORS: tuple[str, ...] = ("dinov2",)
+FETCHED_EXTRACTORS: tuple[str, ...] = tuple(e for e in THIRD_PARTY_EXTRACTORS if e not in OPTIONAL_EXTRACTORS)
 
 
 @dataclass(frozen=True)

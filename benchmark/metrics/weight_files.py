@@ -15,7 +15,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from pytorch_fid.inception import FID_WEIGHTS_URL
@@ -214,7 +213,7 @@ def _candidates(spec: WeightsSpec, weights: str | Path | None) -> list[tuple[Pat
     return found
 
 
-def find_weights(key: Literal["inception", "clean", "dinov2"], weights: str | Path | None = None) -> Path:
+def find_weights(key: str, weights: str | Path | None = None) -> Path:
     """Locate a third-party weights file (explicit path, env var, fetch dir, torch hub dir).
 
     Raises `MissingWeightsError` with the placement message if none exists.
@@ -236,5 +235,5 @@ def _spec(key: str) -> WeightsSpec:
 
 
 def known_weights(key: str) -> WeightsSpec:
-    """The spec registered under ``key`` ("inception", "clean" or "dinov2"), read at call time."""
+    """The spec registered under ``key`` (an extractor of `table.THIRD_PARTY_EXTRACTORS`), read at call time."""
     return _spec(key)

@@ -65,7 +65,7 @@ SPEED_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _speed(cand: dict[str, Any], steps: int, amp: str = "off", compile_: bool = False) -> dict[str, float]:
-    from dfbench.benchmark.core.config import RunConfig
+    from dfbench.benchmark.api import RunConfig
     from dfbench.benchmark.engine.resolve import apply_overrides
     from dfbench.benchmark.perf import PlainTrainer, synthetic_images
 
@@ -171,7 +171,7 @@ def cmd_grid(a: argparse.Namespace) -> None:
         lines += ["[[cells]]", f"seed = {seed}", '"train.rounds" = 0', ""]
     path = a.out / "cpu-recipe.toml"
     path.write_text("\n".join(lines))
-    from dfbench.benchmark.grid.spec import load_grid
+    from dfbench.benchmark.api import load_grid
 
     cells = load_grid(path).cells
     assert [c.cfg.seed for c in cells] == [seed for _, seed in order], "cells out of file order"
@@ -181,15 +181,15 @@ def cmd_grid(a: argparse.Namespace) -> None:
 
 
 def cmd_table(a: argparse.Namespace) -> None:
+    from dfbench.benchmark.api import iter_runs, runfolder
+
     runs: dict[str, list[dict[str, Any]]] = {}
     hardware: set[str] = set()  # what the runs trained on (metrics.json environment)
     names = json.loads((a.out / "candidates.json").read_text())  # run id -> candidate (written by `grid`)
-    for cfg_path in sorted(a.runs.rglob("config.json")):
-        d = cfg_path.parent
-        if not (d / "metrics.json").is_file():
+    for run in iter_runs(a.runs):
+        if not run.has(runfolder.METRICS):
             continue
-        cfg = json.loads(cfg_path.read_text())
-        m = json.loads((d / "metrics.json").read_text())
+        cfg, m = run.config(), run.metrics()
         score = next((e["value"] for e in m.get("evaluations", []) if e["metric"] == "fd_fmnist"), None)
         name = names.get(cfg["run_id"])
         if name is None or score is None:

@@ -5,36 +5,41 @@ width the undertrained one, so that sampling a narrower nested width would score
 
 Each FjORD run's final model is sampled at widths 1.0 / 0.75 / 0.5 / 0.25 (the leading-channel prefix, as
 FjORD's inference rule samples its top width) on the run's fixed noises and sampler, and scored like the
-run's own evaluation (scripts/rescore_inference.py's scorer). Writes fjord_widths.csv (fd_fmnist per run and
+run's own evaluation (`engine.evaluate.score`, as results/paper-fmnist/rescore_inference.py scores a rule). Writes fjord_widths.csv (fd_fmnist per run and
 width) and fjord_widths.md. The run folders are never modified; a checkpoint-less clone cannot run it.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from dfbench import methods
+from dfbench.benchmark.api import iter_runs, runfolder
+from dfbench.benchmark.engine.context import build_context
+from dfbench.benchmark.engine.evaluate import generate, score
+from dfbench.benchmark.engine.resolve import config_from_dict
+
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parents[1] / "scripts"))
-
-import rescore_inference as R  # noqa: E402  (a script, not a package)
-
-from dfbench import methods  # noqa: E402
-from dfbench.benchmark.core import runfolder  # noqa: E402
-from dfbench.benchmark.engine.context import build_context  # noqa: E402
-from dfbench.benchmark.engine.resolve import config_from_dict  # noqa: E402
-
 WIDTHS = (1.0, 0.75, 0.5, 0.25)
+
+
+def fd_of(cfg, ctx, samples, folder: Path) -> float:
+    """fd_fmnist of `samples`, scored as the run's own evaluation scores its samples (`folder`: scratch)."""
+    rows, pending = score(folder, cfg, samples, ctx.sampler_name(cfg.train.objective))[:2]
+    if pending:
+        raise SystemExit(pending)
+    return next(float(r["value"]) for r in rows if r["metric"] == "fd_fmnist")
 
 
 def main() -> int:
     rows = []
-    for run in sorted((ROOT / "runs" / "fmnist" / "dirichlet-0.5" / "fjord").iterdir()):
-        cfg = config_from_dict(runfolder.read_json(run / "config.json"))
+    for found in iter_runs(ROOT / "runs" / "fmnist" / "dirichlet-0.5" / "fjord"):
+        run = found.path
+        cfg = config_from_dict(found.config())
         ck = runfolder.load_checkpoint(run)
         if ck is None or ck["round"] != cfg.train.rounds:
             raise SystemExit(f"{run} has no final checkpoint: re-run `make bench-cpu-submodels` (checkpoints are not committed)")
@@ -43,8 +48,8 @@ def main() -> int:
             method = methods.create_method("fjord", **dict(cfg.method_params))
             method.inference_rate = lambda ctx, w=w: w  # sample the nested prefix of width w
             with tempfile.TemporaryDirectory() as tmp:
-                vals = R.write_and_score(cfg, ctx, Path(tmp), f"w{w}", R.generate(cfg, ctx, method, ck["params"]))
-            rows.append({"seed": cfg.seed, "width": w, "fd_fmnist": round(vals["fd_fmnist"], 1)})
+                fd = fd_of(cfg, ctx, generate(cfg, ctx, method, ck["params"]), Path(tmp))
+            rows.append({"seed": cfg.seed, "width": w, "fd_fmnist": round(fd, 1)})
             print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
     df.to_csv(ROOT / "fjord_widths.csv", index=False)

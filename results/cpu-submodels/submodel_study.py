@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.api import iter_runs, runfolder
 from dfbench.benchmark.core.parsing import parse_capacity
 from dfbench.benchmark.engine.clock import assign_speeds
 
@@ -42,21 +43,18 @@ STRUCTURED = ("heterofl", "fedrolex", "fjord")
 MASKS = ("random_prune", "topk_prune", "balanced_prune")
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def load_runs(runs: Path) -> list[dict]:
     """Every finished run: its config, rounds, curve and metrics, and its scheme's label."""
     out = []
-    for metrics in sorted(runs.rglob("metrics.json")):
-        d = metrics.parent
-        cfg = json.loads((d / "config.json").read_text())
+    for run in iter_runs(runs) if Path(runs).is_dir() else []:
+        if not run.has(runfolder.METRICS):
+            continue
+        d, cfg = run.path, run.config()
         method, edges = cfg["method"], int(cfg["system"].get("edges", 0))
         label = f"{method} ({edges} edges)" if edges else method
         out.append({"dir": d, "cfg": cfg, "label": label, "method": method, "edges": edges, "seed": int(cfg["seed"]),
-                    "rounds": _jsonl(d / "rounds.jsonl"), "curve": _jsonl(d / "curve.jsonl"),
-                    "metrics": json.loads(metrics.read_text())})
+                    "rounds": runfolder.read_rounds(d), "curve": runfolder.read_rounds(d, runfolder.CURVE),
+                    "metrics": run.metrics()})
     if not out:
         raise SystemExit(f"no finished runs under {runs}: run `make bench-cpu-submodels` first")
     return out

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.api import iter_runs, runfolder
 from dfbench.benchmark.engine.resolve import config_from_dict
 from dfbench.benchmark.engine.context import build_context
 from dfbench.methods.pruning import prunable_tensors  # the same rule the methods use
@@ -41,17 +41,15 @@ def run_dirs(roots: list[Path]) -> list[Path]:
     """Finished pruning run folders under the roots (a root may itself be a run folder)."""
     out = []
     for root in roots:
-        for cfg_path in sorted([root / "config.json"] if (root / "config.json").exists() else root.rglob("config.json")):
-            d = cfg_path.parent
-            cfg = runfolder.read_json(cfg_path)
-            if cfg.get("method") in FAMILIES and (d / runfolder.METRICS).exists():
-                out.append(d)
+        for run in iter_runs(root) if root.is_dir() else []:  # a run folder itself: that folder
+            if run.config().get("method") in FAMILIES and run.has(runfolder.METRICS):
+                out.append(run.path)
     return out
 
 
 def trained_shares(d: Path) -> dict[str, object]:
     """The row of one run folder (see the module docstring)."""
-    cfg = config_from_dict(runfolder.read_json(d / "config.json"))
+    cfg = config_from_dict(runfolder.RunFolder(d).config())
     ck = runfolder.load_checkpoint(d)
     if ck is None or ck["round"] != cfg.train.rounds:
         raise SystemExit(f"{d} has no final checkpoint (round {cfg.train.rounds}); finish the run first")

@@ -6,7 +6,7 @@ and the training loss of the model it samples (issue 24: why random pruning at k
         --out results/paper-fmnist/rule_losses --keep 0.5
 
 For each finished run under --runs (random_prune and topk_prune at --keep, and fedavg trained
-runs) it calls scripts/rescore_inference.py's `rescore` with `--loss N` (the same N training
+runs) it calls rescore_inference.py's `rescore` (beside this script) with `--loss N` (the same N training
 images, times and noises for every rule of a run; run seed, "rescore_loss"): random_prune under
 full / scaled / submodel / ensemble:draws=4, topk_prune under submodel / full / scaled, fedavg
 under full. Writes OUT/rule_losses.csv (one row per run x rule), OUT/rule_losses.md (seed
@@ -17,16 +17,13 @@ both numbers in the panel titles). The run folders are never modified.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-# rescore_inference is a shared tool of scripts/ (not a package, not installed): imported from there
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from rescore_inference import rescore  # noqa: E402
+from dfbench.benchmark.api import iter_runs, runfolder
+from rescore_inference import rescore  # beside this script (Python puts a script's own folder first on its path)
 
 RULES = {"random_prune": ["full", "scaled", "submodel", "ensemble:draws=4"], "topk_prune": ["submodel", "full", "scaled"],
          "fedavg": ["full"]}
@@ -36,12 +33,10 @@ FAMILY = {"random_prune": "random", "topk_prune": "top-k", "fedavg": "fedavg"}
 def finished_runs(root: Path, keep: float) -> list[tuple[Path, dict]]:
     """(folder, config) of the done runs to rescore, by method then seed."""
     out = []
-    for cfg_path in sorted(root.rglob("config.json")):
-        d = cfg_path.parent
-        status = d / "status.json"
-        if not status.is_file() or json.loads(status.read_text()).get("state") != "done":
+    for run in iter_runs(root):
+        if run.state() != runfolder.DONE:
             continue
-        cfg = json.loads(cfg_path.read_text())
+        d, cfg = run.path, run.config()
         method, params = cfg["method"], cfg.get("method_params") or {}
         if method not in RULES or cfg["train"]["rounds"] == 0:
             continue
@@ -52,7 +47,7 @@ def finished_runs(root: Path, keep: float) -> list[tuple[Path, dict]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python results/paper-fmnist/rule_losses.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--keep", type=float, default=0.5)

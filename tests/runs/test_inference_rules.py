@@ -181,7 +181,7 @@ def test_runs_that_sample_one_way_have_no_rule_rows(runs):
 
 
 def _rescore(run: Path, out: Path, rules: list[str], monkeypatch, *more: str) -> dict[str, dict[str, float]]:
-    script = load_script("rescore_inference")
+    script = load_script("results/paper-fmnist/rescore_inference.py")
     monkeypatch.setattr(sys, "argv", ["rescore_inference.py", str(run), *[a for r in rules for a in ("--rule", r)], "--out", str(out), *more])
     script.main()
     return json.loads((out / "rescore.json").read_text())["rules"]
@@ -205,7 +205,7 @@ def test_ensemble_diagnostic_averages_fresh_training_masks_and_is_the_full_model
     from dfbench.benchmark.engine.context import build_context
     from dfbench.methods.pruning import random_mask
 
-    script = load_script("rescore_inference")
+    script = load_script("results/paper-fmnist/rescore_inference.py")
     d = runs["random_prune"]
     cfg = config_from_dict(runfolder.read_json(d / "config.json"))
     ctx = build_context(cfg)

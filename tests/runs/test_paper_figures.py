@@ -1,4 +1,4 @@
-"""benchmark/studies/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
+"""results/paper-fmnist/paper_figures.py on hand-built run folders: FedAvg as keep 1.0 of both families,
 means and t-intervals over seeds, drift against FedAvg, every figure written."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from dfbench.benchmark.studies import paper_figures
-from helpers import tiny_config
+from helpers import load_script, tiny_config
+
+paper_figures = load_script("results/paper-fmnist/paper_figures.py")
 
 T_975_DF2 = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables)
 

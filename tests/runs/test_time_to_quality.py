@@ -1,4 +1,4 @@
-"""Time to a quality the reference reaches (benchmark/studies/time_to_quality.py) on hand-computed
+"""Time to a quality the reference reaches (results/cpu-stragglers/time_to_quality.py) on hand-computed
 curves, and end to end on run folders made by the engine."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import pandas as pd
 import pytest
 
 from dfbench import datasets
-from dfbench.benchmark.studies.time_to_quality import default_reference, main, time_to_quality_table
+from helpers import load_script
+
+ttq = load_script("results/cpu-stragglers/time_to_quality.py")
+default_reference, main, time_to_quality_table = ttq.default_reference, ttq.main, ttq.time_to_quality_table
 
 # (run id, driver, seed, final fd, [(round, value, client_images, sim_seconds), ...])
 RUNS = [

@@ -1,4 +1,4 @@
-"""The budget x width study's table and figure (benchmark/studies/budget_width.py) on a runs.csv made here,
+"""The budget x width study's table and figure (results/paper-fmnist-budget/budget_width.py) on a runs.csv made here,
 checked against hand-computed geometric means and collapse counts."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import math
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.studies import budget_width as B
+from helpers import load_script
+
+B = load_script("results/paper-fmnist-budget/budget_width.py")
 
 
 def _runs() -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The metric calibration study (benchmark/studies/calibration.py): its degradations are pure,
+"""The metric calibration study (results/metric-calibration/calibration.py): its degradations are pure,
 seeded and the identity at grade 0, and do what their names say on hand-checkable images; every
 metric the suite reports for Fashion-MNIST has a declared direction on every family; the verdict
 rules on hand-built series; the README keeps its hand-written text; and, on real images, the
@@ -13,7 +13,9 @@ import torch
 
 from dfbench.benchmark.metrics import table
 from dfbench.benchmark.metrics.prdc import PRDC_METRICS
-from dfbench.benchmark.studies import calibration as cal
+from helpers import load_script
+
+cal = load_script("results/metric-calibration/calibration.py")
 
 
 def _fmnist_available() -> bool:

@@ -1,4 +1,4 @@
-"""The bits/quality frontier (benchmark/studies/frontier.py) against hand-computed cases."""
+"""The bits/quality frontier (results/cpu-compression/frontier.py) against hand-computed cases."""
 
 import math
 
@@ -6,7 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.studies.frontier import claim_table, frontier_table, pareto_mask
+from helpers import load_script
+
+frontier = load_script("results/cpu-compression/frontier.py")
+claim_table, frontier_table, pareto_mask = frontier.claim_table, frontier.frontier_table, frontier.pareto_mask
 
 
 def test_pareto_mask_by_hand():
@@ -94,7 +97,7 @@ def test_the_untrained_floor_is_averaged_as_the_settings_are():
 
     import pandas as pd
 
-    from dfbench.benchmark.studies.frontier import untrained_floors
+    untrained_floors = frontier.untrained_floors
 
     runs = pd.DataFrame({"dataset": ["fmnist"] * 4, "partition": ["iid"] * 4, "baseline": [True, True, True, False],
                          "fd_fmnist": [800.0, 900.0, 1000.0, 300.0]})

@@ -16,10 +16,17 @@ from helpers import tiny_config
 
 
 def test_entries_are_consistent():
-    from dfbench.benchmark.metrics.features import EXTRACTOR_NAMES
+    from dfbench.benchmark.metrics import weight_files
     from dfbench.benchmark.metrics.prdc import PRDC_METRICS
 
-    assert set(table.EXTRACTORS) <= set(EXTRACTOR_NAMES)  # each one get_extractor builds
+    # the extractors are named once (table.ExtractorName); those with a third-party file are the weight specs there are
+    assert table.EXTRACTORS == ("fmnist", "fmnist_ae", "inception", "clean", "dinov2")
+    assert set(table.OPTIONAL_EXTRACTORS) <= set(table.THIRD_PARTY_EXTRACTORS) <= set(table.EXTRACTORS)
+    assert all(weight_files.known_weights(e).file_name for e in table.THIRD_PARTY_EXTRACTORS)
+    for committed in set(table.EXTRACTORS) - set(table.THIRD_PARTY_EXTRACTORS):  # shipped with the package
+        with pytest.raises(ValueError, match="unknown weights"):
+            weight_files.known_weights(committed)
+    assert table.FETCHED_EXTRACTORS == ("inception", "clean")
     for name, m in table.METRICS.items():
         assert m.name == name and m.better in ("lower", "higher")
         assert m.extractor is None or m.extractor in table.EXTRACTORS, name

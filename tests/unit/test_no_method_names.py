@@ -44,28 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("benchmark/perf.py", "quantized"): "perf's default methods for the overhead rows (a benchmark's input)",
     ("benchmark/flower_bench.py", "fedavg"):
         "the side-by-side benchmark's work is FedAvg on both sides (Flower's FedAvg strategy): a benchmark's input",
-    ("benchmark/submodel_speed.py", "heterofl"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/submodel_speed.py", "fedrolex"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/submodel_speed.py", "fjord"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/submodel_speed.py", "random_prune"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/submodel_speed.py", "balanced_prune"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/submodel_speed.py", "topk_prune"):
-        "the sub-model speed benchmark's default rows (structured sub-models and the masks they are compared "
-        "with): a benchmark's input",
-    ("benchmark/studies/paper_figures.py", "random_prune"):
-        "the paper-fmnist study's figures are about its two pruning methods: their legend labels",
-    ("benchmark/studies/paper_figures.py", "topk_prune"):
-        "the paper-fmnist study's figures are about its two pruning methods: their legend labels",
 }
 
 

@@ -1,4 +1,4 @@
-"""Seed-paired differences to FedAvg (benchmark/studies/paired.py) against hand-computed values; the
+"""Seed-paired differences to FedAvg (benchmark/report/paired.py, scripts/paired.py) against hand-computed values; the
 verdict is the leaderboard's (tests/unit/test_verdicts.py checks the statistics)."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import math
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.studies.paired import main, paired_table, to_markdown
+from dfbench.benchmark.report.paired import paired_table, to_markdown
+from helpers import load_script
+
+main = load_script("paired").main
 
 T975_DF2 = 4.302652729911275  # Student-t 97.5 % quantile, 2 degrees of freedom (printed tables)
 T975_DF1 = 12.706204736174707  # 1 degree of freedom

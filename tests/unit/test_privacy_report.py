@@ -1,4 +1,4 @@
-"""The privacy report (benchmark/studies/privacy.py) on a hand-built run table: means and t-intervals
+"""The privacy report (results/cpu-privacy/privacy.py) on a hand-built run table: means and t-intervals
 over seeds, seed-paired differences to FedAvg, DP settings labelled apart from plain FedAvg, epsilon."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dfbench.benchmark.studies.privacy import LEAKS, plot, privacy_table, to_markdown
+from helpers import load_script
+
+privacy = load_script("results/cpu-privacy/privacy.py")
+LEAKS, plot, privacy_table, to_markdown = privacy.LEAKS, privacy.plot, privacy.privacy_table, privacy.to_markdown
 
 
 def _runs() -> pd.DataFrame:

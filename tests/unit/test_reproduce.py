@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from dfbench.benchmark.studies import reproduce as R
+from helpers import load_script
+
+R = load_script("results/demo/reproduce.py")
 
 
 def _runs_csv(folder: Path, rows: list[dict], hardware: str) -> None:

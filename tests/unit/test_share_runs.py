@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from dfbench.benchmark.grid.spec import load_grid
-from dfbench.benchmark.studies.share_runs import share
+from helpers import load_script
+
+share = load_script("results/paper-fmnist-budget/share_runs.py").share
 
 GRID = """
 name = "t"

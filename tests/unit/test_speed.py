@@ -1,4 +1,4 @@
-"""A study's speed table (benchmark/studies/speed.py) from run folders made here: medians by hand."""
+"""A study's speed table (benchmark/report/speed.py, scripts/speed.py) from run folders made here: medians by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from dfbench.benchmark.studies import speed as S
+from helpers import load_script
+
+main = load_script("speed").main
 
 
 def _study(tmp_path):
@@ -32,7 +34,7 @@ def _study(tmp_path):
 
 def test_medians_by_hand_and_the_untrained_run_left_out(tmp_path):
     _study(tmp_path)
-    assert S.main([str(tmp_path)]) == 0
+    assert main([str(tmp_path)]) == 0
     t = pd.read_csv(tmp_path / "speed.csv")
     assert list(t["setting"]) == ["fedavg", "quantized (bits=4)"]
     fedavg = t.iloc[0]
@@ -43,10 +45,10 @@ def test_medians_by_hand_and_the_untrained_run_left_out(tmp_path):
 
 
 def test_refuses_a_study_without_runs_csv_or_timed_runs(tmp_path, capsys):
-    assert S.main([str(tmp_path)]) == 2
+    assert main([str(tmp_path)]) == 2
     pd.DataFrame({"run_id": ["x"], "method": ["fedavg"], "seed": [0], "baseline": [False], "dataset": ["fmnist"],
                   "partition": ["iid"], "params": [""]}).to_csv(tmp_path / "runs.csv", index=False)
-    assert S.main([str(tmp_path)]) == 2
+    assert main([str(tmp_path)]) == 2
     assert "records client_images" in capsys.readouterr().err
 
 
@@ -65,7 +67,7 @@ def test_two_settings_one_name_in_two_blocks_stay_two_rows_that_say_their_partit
                      "partition": partition, "params": "", "group_key": key})
     pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
     # execute
-    assert S.main([str(tmp_path)]) == 0
+    assert main([str(tmp_path)]) == 0
     # assert: one row per setting, medians by hand (100 and 33.3 images/s -> 66.7; 10 images/s)
     t = pd.read_csv(tmp_path / "speed.csv").set_index("setting")
     assert list(t.index) == ["fedavg (dirichlet:0.1)", "fedavg (dirichlet:0.5)"]

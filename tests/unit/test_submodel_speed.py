@@ -1,4 +1,4 @@
-"""The sub-model speed benchmark (benchmark/submodel_speed.py, `make bench-submodel-speed`): its numbers from given
+"""The sub-model speed benchmark (results/perf/submodel_speed.py, `make bench-submodel-speed`): its numbers from given
 timings (hand-computed), the page, its files, its refusals, and one --quick run (no timing is asserted)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfbench.benchmark import submodel_speed as sp
+from helpers import load_script
+
+sp = load_script("results/perf/submodel_speed.py")
 
 REF = "fedavg"
 ROWS = [

@@ -1,6 +1,6 @@
 """Metric calibration: every Fashion-MNIST metric on graded degradations of real images (issue 41 item 1).
 
-    python -m dfbench.benchmark.studies.calibration --out results/metric-calibration [--n 1000] [--seed 0]
+    python results/metric-calibration/calibration.py --out results/metric-calibration [--n 1000] [--seed 0]
 
 A seeded subset of N real Fashion-MNIST *test* images is scored against the train split (as a
 run's samples are) clean and under families of graded degradation -- pixel noise, blur, contrast,
@@ -47,8 +47,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from dfbench.benchmark.core.seeds import derive_seed
-from dfbench.benchmark.metrics import table
+from dfbench.benchmark.api import derive_seed
+from dfbench.benchmark.api import metric_table as table
 
 __all__ = [
     "DATASET", "EXPECTED", "FAMILIES", "Family", "N_IMAGES", "REPLICATES", "RHO_MIN", "RealSet", "SEED", "add_noise",
@@ -319,7 +319,7 @@ def declared(metric: str, family: str) -> tuple[Direction, str]:
 # -- measuring ---------------------------------------------------------------------------------------------
 
 def _score(images: torch.Tensor, seed: int, metrics: Sequence[str] | None, quality: bool) -> list[dict[str, Any]]:
-    from dfbench.benchmark.metrics.scoring import ScoreOptions, evaluate_samples
+    from dfbench.benchmark.api import ScoreOptions, evaluate_samples
 
     chosen = list(metrics) if metrics is not None else table.auto_metrics(DATASET, False)
     rows, notes = evaluate_samples(images, DATASET, metrics=chosen, options=ScoreOptions(seed=seed), quality=quality)
@@ -788,7 +788,7 @@ def _read(out: Path) -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.calibration",
+    p = argparse.ArgumentParser(prog="python results/metric-calibration/calibration.py",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for calibration.csv, summary.csv, the figures and README.md")
     p.add_argument("--n", type=int, default=N_IMAGES, help=f"real test images per replicate (default {N_IMAGES})")

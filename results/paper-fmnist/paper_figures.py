@@ -1,6 +1,6 @@
 """Figures and a summary table for the pruning study (Qiao et al., ICML 2025) on one dataset.
 
-    python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/runs --out results/paper-fmnist
+    python results/paper-fmnist/paper_figures.py --runs results/paper-fmnist/runs --out results/paper-fmnist
 
 reads the finished runs of a pruning grid (random_prune / topk_prune at several keep ratios,
 FedAvg, the untrained baseline; `results/paper-fmnist/paper-fmnist.toml`) and writes
@@ -18,7 +18,7 @@ FedAvg, the untrained baseline; `results/paper-fmnist/paper-fmnist.toml`) and wr
 - paper_rules.csv / .md: per (family, keep ratio, inference rule) the mean and 95 % t-interval of
   the primary metric, every rule scored on the same trained models (eval.inference_variants).
 
-    python -m dfbench.benchmark.studies.paper_figures --runs results/paper-fmnist/rules/runs \
+    python results/paper-fmnist/paper_figures.py --runs results/paper-fmnist/rules/runs \
         --out results/paper-fmnist/rules --choose-rules
 
 writes only paper_rules.* and rule_choice.md: each family's inference rule with the lowest mean
@@ -49,13 +49,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.core import runfolder  # noqa: E402
-from dfbench.benchmark.metrics import drift  # noqa: E402
-from dfbench.benchmark.metrics import uncertainty  # noqa: E402
-from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
-from dfbench.methods.registry import reference_method  # noqa: E402
-from dfbench.benchmark.report.frames import collect, primary_metric  # noqa: E402
-from dfbench.methods.pruning import INFERENCE_MODES  # noqa: E402
+from dfbench.benchmark.api import (INFERENCE_MODES, collect, load_samples, primary_metric,  # noqa: E402
+                                   reference_method, run_drift, runfolder, seed_differences)
+from dfbench.benchmark.api import t_interval as student_t  # noqa: E402  (t_interval below is this module's)
 
 FAMILIES = {"random_prune": "random", "topk_prune": "top-k"}
 COLORS = {"random": "tab:orange", "top-k": "tab:blue"}
@@ -88,7 +84,7 @@ def study_runs(runs_dir: str | Path, model: str | None = None) -> tuple[pd.DataF
     for _, r in runs.iterrows():
         base = {"seed": int(r["seed"]), "metric": float(r[metric]), "w2": float(r["w2_mean"]),
                 "gamma_star": float(r["gamma_star"]), "path": r["path"]}
-        rec = drift.run_drift(r["path"])  # as metrics.json (or drift.json, recorded later) has it: the reporter computes none
+        rec = run_drift(r["path"])  # as metrics.json (or drift.json, recorded later) has it: the reporter computes none
         base["drift_pixel"] = rec["pixel"] if rec else math.nan
         base["drift_features"] = (rec or {}).get("features", {}).get("fmnist", math.nan) if rec else math.nan
         if r["baseline"]:  # its "reference" is itself (FedAvg at rounds 0): no drift to show
@@ -172,7 +168,7 @@ def write_rules(summary: pd.DataFrame, metric: str, out: Path) -> None:
 
 def write_rule_choice(choice: pd.DataFrame, summary: pd.DataFrame, metric: str, out: Path) -> None:
     seeds = sorted({s for v in summary["seeds"] for s in str(v).split(";")})
-    lines = [f"Computed by `benchmark/studies/paper_figures.py --choose-rules` from the runs of seed(s) {', '.join(seeds)}: "
+    lines = [f"Computed by `results/paper-fmnist/paper_figures.py --choose-rules` from the runs of seed(s) {', '.join(seeds)}: "
              f"each family's rule with the lowest {metric} averaged over its keep ratios (lower is better).", "",
              f"| family | rule | mean {metric} over keeps | keeps | best at keep | chosen |", "|---|---|---:|---:|---|---|"]
     for _, r in choice.iterrows():
@@ -182,7 +178,7 @@ def write_rule_choice(choice: pd.DataFrame, summary: pd.DataFrame, metric: str, 
 
 
 def t_interval(values: np.ndarray, level: float = 0.95, *, log: bool = False) -> tuple[float, float, float]:
-    """(mean, low, high) of the finite values: `uncertainty.t_interval` as plain floats, with nan
+    """(mean, low, high) of the finite values: `api.t_interval` as plain floats, with nan
     for what it cannot give (no value: all nan; one seed: nan bounds), so tables stay numeric.
     `log` (a positive metric: a Frechet distance): on the log values, mapped back, i.e. the geometric
     mean and its interval, which never reaches 0 (verdicts.py compares such metrics as ratios)."""
@@ -190,9 +186,9 @@ def t_interval(values: np.ndarray, level: float = 0.95, *, log: bool = False) ->
     if not finite:
         return math.nan, math.nan, math.nan
     if log and all(v > 0 for v in finite):
-        mean, interval = uncertainty.t_interval([math.log(v) for v in finite], level)
+        mean, interval = student_t([math.log(v) for v in finite], level)
         return (math.exp(mean), math.exp(interval.low), math.exp(interval.high)) if interval else (math.exp(mean), math.nan, math.nan)
-    mean, interval = uncertainty.t_interval(finite, level)
+    mean, interval = student_t(finite, level)
     return (mean, interval.low, interval.high) if interval else (mean, math.nan, math.nan)
 
 
@@ -311,7 +307,7 @@ def plot_samples(study: pd.DataFrame, path: Path, seed: int | None = None) -> Pa
                 ax.set_title(f"{family}, keep {keep:g}: no run", fontsize=9)
                 continue
             r = hit.iloc[0]
-            ax.imshow(_tile(drift.load_samples(Path(r["path"]))), cmap="gray", vmin=0, vmax=255)
+            ax.imshow(_tile(load_samples(Path(r["path"]))), cmap="gray", vmin=0, vmax=255)
             ax.set_title(f"{family}, keep {keep:g}: metric {r['metric']:.0f}, drift {r['drift_features']:.1f}", fontsize=9)
             if j == 0:
                 ax.set_ylabel(f"keep {keep:g}")
@@ -414,7 +410,7 @@ def claims(table: pd.DataFrame, study: pd.DataFrame, metric: str, rules: pd.Data
     get = {(r["family"], r["keep"]): r for _, r in table.iterrows()}
     keeps = sorted({k for f, k in get if f != "untrained" and k < 1.0}, reverse=True)
     fams = list(FAMILIES.values())
-    lines = [f"Computed by `benchmark/studies/paper_figures.py` from the runs; {metric}, lower is better; geometric mean [95 % t-interval on the log values] over seeds. "
+    lines = [f"Computed by `results/paper-fmnist/paper_figures.py` from the runs; {metric}, lower is better; geometric mean [95 % t-interval on the log values] over seeds. "
              "The verdicts (paired by seed, Holm-corrected) are in claims.md; this page gives the numbers behind them. "
              "Every comparison uses only the seeds the compared settings share, and says how many."]
     lines.append("\n**C1: top-k ≥ random at each keep ratio** (a lower distance is better; verdicts in claims.md)")
@@ -517,7 +513,7 @@ def choose(runs_dir: str | Path, out: str | Path, model: str | None = None) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python results/paper-fmnist/paper_figures.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", required=True, help="root of the study's run folders")
     ap.add_argument("--out", required=True, help="folder for the figures and paper_summary.{md,csv}")
     ap.add_argument("--choose-rules", action="store_true",

@@ -1,6 +1,6 @@
 """What the second feature space and the held-out denoising loss add to a run's time (issue 41's cost).
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/eval_cost.py [--out results/metric-calibration/eval_cost.md]
+    OMP_NUM_THREADS=1 .venv/bin/python results/metric-calibration/eval_cost.py [--out results/metric-calibration/eval_cost.md]
 
 Trains the demo's fedavg cell (benchmark/grid/builtin/demo.toml, seed 0: one torch thread, as `make
 demo`'s workers) and times, on its final model and samples, each part of its evaluation side by side
@@ -16,20 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dfbench.benchmark.core import runfolder  # noqa: E402
-from dfbench.benchmark.engine import evaluate, heldout, lifecycle  # noqa: E402
-from dfbench.benchmark.engine.context import build_context  # noqa: E402,F401  (the context the run used)
-from dfbench.benchmark.grid.spec import load_grid  # noqa: E402
-from dfbench.benchmark.metrics import scoring, table  # noqa: E402
+from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.engine import evaluate, heldout, lifecycle
+from dfbench.benchmark.engine.context import build_context  # noqa: F401  (the context the run used)
+from dfbench.benchmark.grid.spec import load_grid
+from dfbench.benchmark.metrics import scoring, table
 
 
 def _cpu() -> str:
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     added = added_features + parts[names[3]]
     lines = [
         f"Machine: {_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread "
-        f"(`scripts/eval_cost.py`, best of {a.repeats}).",
+        f"(`results/metric-calibration/eval_cost.py`, best of {a.repeats}).",
         "",
         "| part | seconds | share of the cell |",
         "|---|---:|---:|",

@@ -1,6 +1,6 @@
 """How fast a study's runs trained, from its committed run folders: the numbers a study README quotes.
 
-    python -m dfbench.benchmark.studies.speed results/cpu-privacy
+    python scripts/speed.py results/cpu-privacy
 
 reads ``runs.csv`` (the settings and run ids, written by `dfbench report`) and each run's
 ``runs/**/<run_id>/metrics.json`` (client_images, train_wall_seconds, environment.hardware and
@@ -13,8 +13,6 @@ pruned setting reads about half the images/s of the same wall time.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,27 +89,17 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.speed", description=__doc__.split("\n")[0])
-    ap.add_argument("study", type=Path, help="the study folder holding runs.csv and runs/ (results/cpu-privacy)")
-    args = ap.parse_args(argv)
-    path = args.study / "runs.csv"
+def write(study: str | Path) -> pd.DataFrame:
+    """speed.csv and speed.md in the study folder `study` (from its runs.csv and runs/); the table written.
+    FileNotFoundError without runs.csv; ValueError when runs.csv has no run ids or no run records its
+    client work and training time."""
+    study = Path(study)
+    path = study / "runs.csv"
     if not path.is_file():
-        print(f"{path} not found: `dfbench report --runs RUNS --out {args.study}` writes it", file=sys.stderr)
-        return 2
-    try:
-        table = summarize(pd.read_csv(path), run_speeds(args.study / "runs"))
-    except ValueError as e:
-        print(f"speed: {e}", file=sys.stderr)
-        return 2
+        raise FileNotFoundError(f"{path} not found: `dfbench report --runs RUNS --out {study}` writes it")
+    table = summarize(pd.read_csv(path), run_speeds(study / "runs"))
     if table.empty:
-        print(f"speed: no run under {args.study / 'runs'} records client_images and train_wall_seconds", file=sys.stderr)
-        return 2
-    table.to_csv(args.study / "speed.csv", index=False)
-    (args.study / "speed.md").write_text(to_markdown(table), encoding="utf-8")
-    print(f"wrote {args.study}/speed.csv and speed.md ({len(table)} settings)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        raise ValueError(f"no run under {study / 'runs'} records client_images and train_wall_seconds")
+    table.to_csv(study / "speed.csv", index=False)
+    (study / "speed.md").write_text(to_markdown(table), encoding="utf-8")
+    return table

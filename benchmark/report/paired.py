@@ -1,6 +1,6 @@
 """Seed-paired comparison of every setting with a reference method (FedAvg by default).
 
-    python -m dfbench.benchmark.studies.paired --runs results/cpu-aggregation/runs --out results/cpu-aggregation
+    python scripts/paired.py --runs results/cpu-aggregation/runs --out results/cpu-aggregation
 
 Within a grid block (dataset, partition, budget; capacity tiers aside), runs with the same seed share the partition,
 the initial model and the fixed noises, so most of the seed-to-seed spread is common to every
@@ -25,9 +25,8 @@ import numpy as np
 import pandas as pd
 
 from dfbench.benchmark.metrics import table as metric_table
-from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study
+from dfbench.benchmark.report.study_tools import load_study, seed_differences, write_study
 from dfbench.methods.registry import reference_method
 
 BLOCK = ["dataset", "partition", "_pair_budget"]
@@ -41,19 +40,6 @@ def _pair_budget(budget_key: str) -> str:
     return json.dumps({k: v for k, v in budget.items() if k not in UNPAIRED_BUDGET_KEYS}, sort_keys=True)
 COLUMNS = ["dataset", "partition", "setting", "seeds", "differences", "wins", "mean", "low", "high", "ratio", "ratio_low",
            "ratio_high", "p_holm", "p_equivalence_holm", "verdict"]
-
-
-def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.ndarray, float, float, float]:
-    """(shared seeds, values - reference per shared seed, mean, low, high): the mean difference
-    with its 95 % Student-t bounds (nan with one seed, everything empty/nan with none).
-    Both series are indexed by seed."""
-    seeds = sorted(set(values.index) & set(reference.index))
-    diff = np.array([float(values[s]) - float(reference[s]) for s in seeds])
-    if not seeds:
-        return seeds, diff, math.nan, math.nan, math.nan
-    mean, interval = t_interval(diff)
-    low, high = (interval.low, interval.high) if interval else (math.nan, math.nan)
-    return seeds, diff, mean, low, high
 
 
 def paired_table(runs: pd.DataFrame, metric: str, reference: str | None = None, higher_better: bool = False,
@@ -112,7 +98,7 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str, higher_better:
              f"its 95 % Student-t interval over the seeds; `verdict`: better / worse / equivalent (±10 %) / "
              f"inconclusive by the paired test on the ratio of scores (a positive metric) or the difference, "
              f"Holm-corrected over the block (the leaderboard's verdicts, benchmark/report/verdicts.py). "
-             f"Written by `python -m dfbench.benchmark.studies.paired`."]
+             f"Written by `python scripts/paired.py`."]
     for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
         lines += ["", f"## {dataset} / {partition}", "",
                   f"| setting | seeds | {metric} − {reference} per seed | wins | mean [95% t] | verdict |",
@@ -125,16 +111,8 @@ def to_markdown(table: pd.DataFrame, metric: str, reference: str, higher_better:
 
 
 def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, metric: str | None = None) -> list[Path]:
+    """paired_vs_<reference>.md / .csv in `out` from the runs under `runs_dir`; the paths written."""
     reference = reference or reference_method()  # default: the method that declares itself the reference
     study = load_study(runs_dir, metric, reference=reference)
     table = paired_table(study.data.runs, study.metric, reference, study.higher)
     return write_study(out, f"paired_vs_{reference}", to_markdown(table, study.metric, reference, study.higher), table)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return study_main(argv, "dfbench.benchmark.studies.paired", __doc__, "paired_vs_<reference>.md/.csv",
-                      "the setting every other one is compared with (default fedavg)", write)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

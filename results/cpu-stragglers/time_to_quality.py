@@ -1,6 +1,6 @@
 """Time to a quality: how long each setting needs to reach what a reference (FedAvg) reaches.
 
-    python -m dfbench.benchmark.studies.time_to_quality --runs results/cpu-stragglers/runs --out results/cpu-stragglers
+    python results/cpu-stragglers/time_to_quality.py --runs results/cpu-stragglers/runs --out results/cpu-stragglers
 
 Targets come from the reference's own quality curves (curve.jsonl, eval.every), so they are
 qualities the reference reaches: for each fraction f of `--at` (default 0.5 and 1), the target is
@@ -28,12 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dfbench.benchmark.metrics import table as metric_table
-from dfbench.benchmark.metrics.uncertainty import t_interval
-from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.report.frames import CONFIG_DEFAULTS, better, curve_labels
-from dfbench.benchmark.studies.study_cli import load_study, write_study
-from dfbench.methods.registry import reference_method
+from dfbench.benchmark.api import (CONFIG_DEFAULTS, better, curve_labels, load_study, metric_table, reference_method,
+                                   t_interval, write_study)
+from dfbench.benchmark.api import verdicts as V
 
 COLUMNS = ["dataset", "partition", "label", "seeds", "final", "final_diff", "final_low", "final_high", "final_verdict",
            "sim_seconds", "client_images", "target_fraction", "target", "reached", "seconds_to_target",
@@ -177,7 +174,7 @@ def to_markdown(table: pd.DataFrame, metric: str, curve_metric: str, curve_sampl
              "paired by seed, with its 95 % Student-t interval, and the leaderboard's verdict (the ratio of the scores, "
              "better / worse / equivalent within 10 % / inconclusive, Holm over the block). `sim s` / `work`: the "
              "run's simulated seconds and client work (thousands of full-model images). "
-             "Written by `python -m dfbench.benchmark.studies.time_to_quality`."]
+             "Written by `python results/cpu-stragglers/time_to_quality.py`."]
     for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
         head = [f"target {f:g}: {curve_metric} ≤ {block[block['target_fraction'] == f]['target'].iloc[0]:.1f}"
                 if better(curve_metric) != "higher" else
@@ -227,7 +224,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.time_to_quality", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python results/cpu-stragglers/time_to_quality.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", required=True, help="root of the run folders (runs with eval.every > 0)")
     p.add_argument("--out", required=True, help="folder for time_to_quality.md/.csv")
     p.add_argument("--reference", default=None, help="the setting label the targets come from (default: plain synchronous FedAvg)")

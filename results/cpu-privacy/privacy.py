@@ -1,6 +1,6 @@
 """What each scheme leaks beside what it scores: quality, memorization, membership inference and epsilon.
 
-    python -m dfbench.benchmark.studies.privacy --runs results/cpu-privacy/runs --out results/cpu-privacy
+    python results/cpu-privacy/privacy.py --runs results/cpu-privacy/runs --out results/cpu-privacy
 
 Per block (dataset, partition) and setting -- labelled by its method and the config keys that tell
 it apart from the block's usual value (names.setting_names: "fedavg (clip=0.5, noise=1)") -- the
@@ -10,7 +10,7 @@ samples (d1/d2 < 1/3 against the clients' images, in the classifier's features a
 the same rule on held-out test images (the rate of a model that does not copy); the nearest
 distances to training vs test images; the loss attack's pooled AUC and TPR at 1 % FPR and its
 worst client, with how many members and non-members the attack scored and the AUC's band at chance
-(`membership.chance_band`: 16 against 16 reads only leaks beyond 0.5 +- 0.20); DP's epsilon. The means
+(`api.chance_band`: 16 against 16 reads only leaks beyond 0.5 +- 0.20); DP's epsilon. The means
 are over each setting's own seeds (the seeds column). The copy rate and the quality are also compared
 with the reference setting (plain FedAvg) paired by seed, on the seeds both ran (how many, where fewer
 than the setting's). A value the same at every seed has no spread: shown as such, never as a
@@ -28,17 +28,11 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.core import runfolder  # noqa: E402
-from dfbench.benchmark.metrics import table as metric_table  # noqa: E402
-from dfbench.benchmark.metrics.membership import chance_band  # noqa: E402
-from dfbench.benchmark.metrics.uncertainty import seed_interval, t_interval  # noqa: E402
-from dfbench.benchmark.report.frames import curve_labels  # noqa: E402
-from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study  # noqa: E402
-from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
-from dfbench.methods.registry import reference_method  # noqa: E402
+from dfbench.benchmark.api import (RunFolder, chance_band, curve_labels, load_study, metric_table,  # noqa: E402
+                                   reference_method, seed_differences, seed_interval, study_main, t_interval,
+                                   write_study)
 
 #: the leakage metrics of a row, in the order the table shows them (benchmark/engine/leakage.py)
 LEAKS = ("copy_rate_pixel", "copy_rate_test_pixel", "copy_rate_fmnist", "copy_rate_test_fmnist", "nn_train_pixel",
@@ -64,7 +58,7 @@ def attack_sizes(runs: pd.DataFrame) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for run_id, path in zip(runs.get("run_id", []), runs.get("path", [])):
         try:
-            rows = runfolder.read_json(Path(str(path)) / runfolder.METRICS).get("evaluations", [])
+            rows = RunFolder(Path(str(path))).metrics().get("evaluations", [])
         except (OSError, ValueError, AttributeError):
             continue  # a run copied without its folder: its sizes are not shown
         row = next((r for r in rows if isinstance(r, dict) and r.get("metric") == "mia_auc"), None)
@@ -220,7 +214,7 @@ def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(argv, "dfbench.benchmark.studies.privacy", __doc__, "privacy.md/.csv/.png",
+    return study_main(argv, "python results/cpu-privacy/privacy.py", __doc__, "privacy.md/.csv/.png",
                       "the setting the paired differences are against (default fedavg)", write, runs_help="root of the run folders (made with eval.leakage_metrics=true)")
 
 

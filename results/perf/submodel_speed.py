@@ -1,8 +1,8 @@
 """What a client's sub-model saves in training speed: one client's local training at capacity c, timed
 against a full FedAvg client (`make bench-submodel-speed`, issue 53).
 
-    python -m dfbench.benchmark.submodel_speed [--preset small28] [--steps 20] [--repeats 5] [--out results/perf]
-    python -m dfbench.benchmark.submodel_speed --quick        # tiny preset, 2 steps, 1 repeat: a smoke test
+    python results/perf/submodel_speed.py [--preset small28] [--steps 20] [--repeats 5] [--out results/perf]
+    python results/perf/submodel_speed.py --quick        # tiny preset, 2 steps, 1 repeat: a smoke test
 
 The work: the model preset (default small28) on synthetic uint8 images of its shape (a step's speed does not
 depend on pixel values), the paper-fmnist recipe's step (flow matching with logit-normal times, batch 16,
@@ -45,8 +45,7 @@ from typing import Any
 import torch
 
 from dfbench import methods
-from dfbench.benchmark.core.config import ConfigError
-from dfbench.methods.registry import reference_method
+from dfbench.benchmark.api import ConfigError, reference_method
 from dfbench.benchmark.core.numerics import cpu_record
 from dfbench.benchmark.engine.context import build_context
 from dfbench.benchmark.engine.local_step import StepSettings, local_train
@@ -239,7 +238,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.submodel_speed",
+    p = argparse.ArgumentParser(prog="python results/perf/submodel_speed.py",
                                 description="One client's local-training images/s at capacity c (structured sub-models and "
                                             "masks) against a full FedAvg client.")
     p.add_argument("--preset", help="train.model preset (default small28)")

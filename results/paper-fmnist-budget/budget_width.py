@@ -1,6 +1,6 @@
 """Budget x width: does a method collapse because of what it is, or because its budget starves it?
 
-    python -m dfbench.benchmark.studies.budget_width results/paper-fmnist-budget
+    python results/paper-fmnist-budget/budget_width.py results/paper-fmnist-budget
 
 reads the study's ``runs.csv`` (written by `dfbench report`) and writes, from it alone:
 
@@ -19,7 +19,6 @@ reference method's at the same network, rounds and seed, on the log scale: the l
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -32,10 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.report import verdicts as V  # noqa: E402
-from dfbench.benchmark.report.names import is_baseline, setting_names  # noqa: E402
-from dfbench.benchmark.studies.speed import speeds  # noqa: E402
-from dfbench.methods.registry import reference_method  # noqa: E402
+from dfbench.benchmark.api import is_baseline, reference_method, setting_names, speeds  # noqa: E402
+from dfbench.benchmark.api import verdicts as V  # noqa: E402
 
 COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_seed", "gmean", "collapsed", "collapse_seeds",
            "images_per_s"]
@@ -44,7 +41,7 @@ COLUMNS = ["model", "num_parameters", "rounds", "setting", "seeds", "n", "per_se
 def summarize(runs: pd.DataFrame, metric: str = "fd_fmnist", reference: str | None = None,
               speed: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per network x rounds x setting (the untrained model as rounds 0), in that order;
-    `speed` (run_id -> images/s, `studies.speed.speeds`) gives each trained row its median over the seeds."""
+    `speed` (run_id -> images/s, `api.speeds`) gives each trained row its median over the seeds."""
     reference = reference or reference_method()  # default: the method that declares itself the reference
     need = {"method", "seed", "baseline", "cfg.model", "cfg.rounds", metric}
     missing = sorted(need - set(runs.columns))
@@ -135,7 +132,7 @@ def figure(table: pd.DataFrame, metric: str, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.budget_width", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python results/paper-fmnist-budget/budget_width.py", description=__doc__.split("\n")[0])
     ap.add_argument("study", type=Path, help="the study folder holding runs.csv (results/paper-fmnist-budget)")
     ap.add_argument("--metric", default="fd_fmnist", help="a positive score in runs.csv (default fd_fmnist)")
     ap.add_argument("--reference", default=reference_method(), help="the setting whose score a collapsed seed is farther from")

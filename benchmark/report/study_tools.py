@@ -1,17 +1,22 @@
-"""What the study reports share (paired, frontier, privacy, time_to_quality): reading the runs with
-the metric they compare (`load_study`), writing a study's table as markdown and CSV, with its figure
-when it has one (`write_study`), and the one command line of those that compare every setting with
-a reference (`study_main`: --runs, --out, --reference, --metric, then `write` and the paths)."""
+"""What a study's own script builds on (re-exported by :mod:`dfbench.benchmark.api`): reading the runs with the
+metric a study compares them by (`load_study`), writing a study's table as markdown and CSV with its figure when
+it has one (`write_study`), the one command line of the scripts that compare every setting with a reference
+(`study_main`: --runs, --out, --reference, --metric, then `write` and the paths), and the seed-paired difference
+of two settings (`seed_differences`). The study scripts themselves live in their study's folder,
+results/<study>/, outside the package."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from dfbench.benchmark.metrics.uncertainty import t_interval
 from dfbench.benchmark.report.frames import ReportData, collect, higher_is_better, primary_metric
 from dfbench.methods.registry import reference_method
 
@@ -52,11 +57,12 @@ def write_study(out: str | Path, stem: str, markdown: str, table: pd.DataFrame,
     return [md, csv] + ([plot(out / f"{stem}.png")] if plot is not None else [])
 
 
-def study_main(argv: Sequence[str] | None, module: str, doc: str, writes: str, reference_help: str,
+def study_main(argv: Sequence[str] | None, prog: str, doc: str, writes: str, reference_help: str,
                write: Callable[[str, str, str, str | None], list[Path]], runs_help: str = "root of the run folders") -> int:
     """Parse the shared flags, call `write(runs, out, reference, metric)`, print each path it wrote;
-    a ValueError (no runs, no reference) exits with its message."""
-    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    a ValueError (no runs, no reference) exits with its message. `prog`: the command as a user types it
+    (``python results/cpu-compression/frontier.py``)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--runs", required=True, help=runs_help)
     p.add_argument("--out", required=True, help=f"folder for {writes}")
     p.add_argument("--reference", default=reference_method(), help=reference_help)
@@ -68,3 +74,16 @@ def study_main(argv: Sequence[str] | None, module: str, doc: str, writes: str, r
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     return 0
+
+
+def seed_differences(values: pd.Series, reference: pd.Series) -> tuple[list, np.ndarray, float, float, float]:
+    """(shared seeds, values - reference per shared seed, mean, low, high): the mean difference
+    with its 95 % Student-t bounds (nan with one seed, everything empty/nan with none).
+    Both series are indexed by seed."""
+    seeds = sorted(set(values.index) & set(reference.index))
+    diff = np.array([float(values[s]) - float(reference[s]) for s in seeds])
+    if not seeds:
+        return seeds, diff, math.nan, math.nan, math.nan
+    mean, interval = t_interval(diff)
+    low, high = (interval.low, interval.high) if interval else (math.nan, math.nan)
+    return seeds, diff, mean, low, high

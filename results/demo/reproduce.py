@@ -1,6 +1,6 @@
 """How many of a committed page's scores a fresh run of the same grid equals (`make demo`'s last line).
 
-    python -m dfbench.benchmark.studies.reproduce FRESH_DIR REFERENCE_DIR
+    python results/demo/reproduce.py FRESH_DIR REFERENCE_DIR
 
 Both folders hold a report's `runs.csv` (one row per run, `dfbench report` writes it) and the run
 folders under `runs/`. Runs are matched by run id (the id is a hash of the config, so the same
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.api import iter_runs
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def machines(runs_dir: Path) -> tuple[str, ...]:
     found: set[str] = set()
     if not runs_dir.is_dir():
         return ()  # a study copied without its run folders names no machine
-    for run in runfolder.iter_runs(runs_dir):
+    for run in iter_runs(runs_dir):
         try:
             hardware = (run.metrics() or {}).get("environment", {}).get("hardware")
         except (OSError, ValueError):
@@ -164,7 +164,7 @@ def describe(r: Reproduction, reference_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.reproduce", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python results/demo/reproduce.py", description=__doc__.split("\n")[0])
     p.add_argument("fresh", type=Path, help="the fresh report's folder (runs.csv, runs/), e.g. results/demo")
     p.add_argument("reference", type=Path, help="the committed reference's folder, e.g. results/demo/reference")
     args = p.parse_args(argv)

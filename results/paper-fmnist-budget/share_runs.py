@@ -1,6 +1,6 @@
 """Copy another study's finished run folders that are cells of a grid, so the grid does not train them again.
 
-    python -m dfbench.benchmark.studies.share_runs --grid results/paper-fmnist-budget/paper-fmnist-budget.toml \
+    python results/paper-fmnist-budget/share_runs.py --grid results/paper-fmnist-budget/paper-fmnist-budget.toml \
         --from results/paper-fmnist/runs --to results/paper-fmnist-budget/runs
 
 A run id is the hash of everything that decides a result (benchmark/core/schema.py), so a finished run
@@ -17,17 +17,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dfbench.benchmark.core import runfolder
+from dfbench.benchmark.api import iter_runs, load_grid, runfolder
 
 
 def share(grid: str, source: str | Path, target: str | Path) -> list[Path]:
     """Copy the finished runs under `source` whose run id is a cell of `grid` to the cell's folder under
     `target`; the folders written."""
-    from dfbench.benchmark.grid.spec import load_grid
-
     cells = {c.run_id: c for c in load_grid(grid).cells}
     copied = []
-    for found in runfolder.iter_runs(source):
+    for found in iter_runs(source):
         run, cell = found.path, cells.get(found.run_id)
         if cell is None or found.state() != runfolder.DONE:
             continue
@@ -43,7 +41,7 @@ def share(grid: str, source: str | Path, target: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.share_runs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python results/paper-fmnist-budget/share_runs.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", required=True, help="the grid whose cells are looked for (a shipped name or a .toml path)")
     p.add_argument("--from", dest="source", required=True, help="the other study's runs root")
     p.add_argument("--to", dest="target", required=True, help="the grid's runs root (its --out)")

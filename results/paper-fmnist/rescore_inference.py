@@ -1,6 +1,6 @@
 """Score a finished pruning run's final model under other inference rules (no retraining).
 
-    .venv/bin/python scripts/rescore_inference.py RUN_DIR --rule full --rule scaled \
+    .venv/bin/python results/paper-fmnist/rescore_inference.py RUN_DIR --rule full --rule scaled \
         --rule submodel --rule submodel:inference_seed=1 --rule scaled:only=out.2 --out OUT_DIR
 
 `scaled:only=PREFIX` is a diagnostic, not a method option: the scaled rule applied only to the

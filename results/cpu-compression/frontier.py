@@ -1,13 +1,13 @@
 """The bits/quality frontier: each setting's score against the uplink it sent.
 
-    python -m dfbench.benchmark.studies.frontier --runs results/cpu-compression/runs --out results/cpu-compression
+    python results/cpu-compression/frontier.py --runs results/cpu-compression/runs --out results/cpu-compression
 
 Per block (dataset, partition, budget) and setting: the mean uplink MB per run (exact: the
 ledger's bits), the compression ratio against the reference (FedAvg's mean uplink over the
 setting's), the score's mean over seeds with its 95 % Student-t interval (for a distance: the geometric
 mean, its interval on the log values, never below 0), and the setting minus
 the reference paired by seed (same seed = same partition, initial model, noises) with its own
-interval (`paired.seed_differences`). A setting is Pareto-optimal when no other trained setting
+interval (`api.seed_differences`). A setting is Pareto-optimal when no other trained setting
 of its block sends at most its uplink with a score at least as good, one of the two strictly
 (means; the reference is a candidate). The claim of FedDM (Vora et al. 2024: up to 4x less
 communication for at most 1.75x the metric) is checked per method family: its settings with a
@@ -31,12 +31,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from dfbench.benchmark.metrics import table as metric_table  # noqa: E402
-from dfbench.benchmark.metrics.uncertainty import seed_interval  # noqa: E402
-from dfbench.benchmark.studies.study_cli import load_study, study_main, write_study  # noqa: E402
-from dfbench.benchmark.report.names import setting_names  # noqa: E402
-from dfbench.benchmark.studies.paired import seed_differences  # noqa: E402
-from dfbench.methods.registry import reference_method  # noqa: E402
+from dfbench.benchmark.api import (load_study, metric_table, reference_method, seed_differences,  # noqa: E402
+                                   seed_interval, setting_names, study_main, write_study)
 
 CLAIM_RATIO, CLAIM_METRIC = 4.0, 1.75  # FedDM: up to 4x less communication for at most 1.75x the metric
 COLUMNS = ["dataset", "partition", "method", "setting", "name", "seeds", "uplink_mb", "compression", "mean", "low", "high",
@@ -125,7 +121,7 @@ def to_markdown(table: pd.DataFrame, claims: pd.DataFrame, metric: str, referenc
              f"the setting minus {reference} paired by seed with its interval and the seeds it wins, the "
              f"score ratio to {reference}'s mean, and ★ for the Pareto-optimal settings (no other sends "
              f"at most as much with a score at least as good). Written by "
-             f"`python -m dfbench.benchmark.studies.frontier`."]
+             f"`python results/cpu-compression/frontier.py`."]
     for (dataset, partition), block in table.groupby(["dataset", "partition"], sort=False):
         floor = floors.get((dataset, partition))
         lines += ["", f"## {dataset} / {partition}", ""]
@@ -214,7 +210,7 @@ def write(runs_dir: str | Path, out: str | Path, reference: str | None = None, m
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(argv, "dfbench.benchmark.studies.frontier", __doc__, "frontier.md/.csv/.png",
+    return study_main(argv, "python results/cpu-compression/frontier.py", __doc__, "frontier.md/.csv/.png",
                       "the setting the compression and differences are against (default fedavg)", write)
 
 
