@@ -121,19 +121,18 @@ def _matched(file: Path, state: Mapping[str, torch.Tensor], shapes: Mapping[str,
     and the first difference (a parameter missing, one the network lacks, another shape)."""
     fits = f"{file} does not fit train.model={preset}"
     missing = [n for n in shapes if n not in state]
-    if missing:
-        raise _refuse(f"{fits}: {len(missing)} of the network's {len(shapes)} parameters are missing from it, the "
-                            f"first {missing[0]!r} (shape {list(shapes[missing[0]])})")
+    for name, shape in shapes.items():  # the first difference in the network's order
+        if name not in state:
+            raise _refuse(f"{fits}: {len(missing)} of the network's {len(shapes)} parameters are missing from it, the "
+                          f"first {name!r} (shape {list(shape)})")
+        if tuple(state[name].shape) != shape:
+            raise _refuse(f"{fits}: parameter {name!r} has shape {list(state[name].shape)} there, {list(shape)} in the network")
+        if not state[name].is_floating_point():
+            raise _refuse(f"{fits}: parameter {name!r} holds {state[name].dtype} values, not floating point")
     extra = [n for n in state if n not in shapes]
     if extra:
         raise _refuse(f"{fits}: it holds {len(extra)} parameter(s) the network does not have, the first "
-                            f"{extra[0]!r} (shape {list(state[extra[0]].shape)})")
-    for name, shape in shapes.items():
-        if tuple(state[name].shape) != shape:
-            raise _refuse(f"{fits}: parameter {name!r} has shape {list(state[name].shape)} there, "
-                                f"{list(shape)} in the network")
-        if not state[name].is_floating_point():
-            raise _refuse(f"{fits}: parameter {name!r} holds {state[name].dtype} values, not floating point")
+                      f"{extra[0]!r} (shape {list(state[extra[0]].shape)})")
     return torch.cat([state[n].detach().to("cpu", torch.float32).reshape(-1) for n in shapes])
 
 
