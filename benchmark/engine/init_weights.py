@@ -286,8 +286,12 @@ def init_record(cfg: RunConfig) -> dict[str, Any] | None:
     if not t.init:
         return None
     path = init_path(t.init)
-    record: dict[str, Any] = {"path": str(path), "kind": source_kind(path), "sha256": t.init_sha256,
+    try:  # read when the run ends: weights moved away since it started (and were checked) leave their kind unsaid
+        kind = source_kind(path)
+    except ConfigError:
+        kind = None
+    record: dict[str, Any] = {"path": str(path), "kind": kind, "sha256": t.init_sha256,
                               "objective": t.init_objective or t.objective}
-    if record["kind"] == "run":
+    if kind == "run":
         record["run_id"] = str(_read_json(path / runfolder.CONFIG).get("run_id"))
     return record
