@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from dfbench import methods
+from dfbench.benchmark.core import rounds as R
 from dfbench.benchmark.core.parsing import parse_staleness
 from dfbench.benchmark.core.seeds import np_rng
 from dfbench.benchmark.engine.context import RunContext
@@ -172,7 +173,7 @@ class FedBuff:
         state, row = self._apply(state, r)
         self._fill(state)  # the replacements download the new version
         # after the refill: the clients it starts train now (a step's wall time had left out all but the first C jobs)
-        row["wall_seconds"] = round(time.perf_counter() - t0, 4)
+        R.fill(row, wall_seconds=round(time.perf_counter() - t0, 4))
         return state, row
 
     def _apply(self, state: methods.ServerState, r: int) -> tuple[methods.ServerState, dict[str, Any]]:
@@ -199,8 +200,7 @@ class FedBuff:
             stale[job.client] = tau
             add_upload(method, acc, S, up, plan, job.loss, job.sigma1_sq, state, ctx)
         state, row = close_round(method, state, acc, ctx, r, per_client)
-        row["round_seconds"] = round(self.time - self.last_step_time, 6)
-        row["staleness"] = [stale[k] for k in sorted(stale)]
+        R.fill(row, round_seconds=round(self.time - self.last_step_time, 6), staleness=[stale[k] for k in sorted(stale)])
         self.last_step_time = self.time
         self.version += 1
         return state, row

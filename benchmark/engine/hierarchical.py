@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from dfbench import methods
+from dfbench.benchmark.core import rounds as R
 from dfbench.benchmark.core.config import round_lr
 from dfbench.benchmark.engine.context import RunContext, sample_round_clients
 from dfbench.benchmark.engine.training import ClientsDone, RoundSums, _num, coverage, train_clients
@@ -145,14 +146,14 @@ class Hierarchical:
                                   extra=state.extra)
         up_bits = sum(int(method.model_bits(edge_states[e], at_cloud)) for e in range(E) if loads[e].clients)
         row = cloud_row(r, done, dropped, edge_seconds, weights)
-        row.update(edge_uplink_bits=up_bits, edge_downlink_bits=down_bits, wall_seconds=round(time.perf_counter() - t0, 4))
+        R.fill(row, edge_uplink_bits=up_bits, edge_downlink_bits=down_bits, wall_seconds=round(time.perf_counter() - t0, 4))
         return new, row
 
 
 def cloud_row(r: int, done: list[tuple[int, int, ClientsDone]], dropped: list[int], edge_seconds: list[float],
               weights: list[float]) -> dict[str, Any]:
-    """The rounds.jsonl row of a cloud round from its edge aggregations (see the module doc): the flat
-    round's keys, in its order, then the hierarchy's own."""
+    """The rounds.jsonl row of a cloud round from its edge aggregations (see the module doc): a
+    `rounds.RoundRow` (the flat round's keys, in its order), then the hierarchy's own (`rounds.ADDED`)."""
     rows = [d.row for _, _, d in done]
     sums = [RoundSums(d.acc) for _, _, d in done]
 
@@ -175,36 +176,26 @@ def cloud_row(r: int, done: list[tuple[int, int, ClientsDone]], dropped: list[in
         if float(nn_.sum()) >= 1:
             spread += float((usq - usum.double().square().sum(1) / nn_).sum())
             pooled_n += float(nn_.sum())
-    row = {
-        "round": r,
-        "clients": joined("clients"),
-        "steps": joined("steps"),
-        "client_loss": joined("client_loss"),
-        "client_uplink_bits": joined("client_uplink_bits"),
-        "client_downlink_bits": joined("client_downlink_bits"),
-        "trained_params": joined("trained_params"),
-        "flop_fraction": joined("flop_fraction"),
-        "dropped_clients": dropped,
-        "client_seconds": joined("client_seconds"),
-        "client_train_seconds": joined("client_train_seconds"),
-        "late_clients": joined("late_clients"),
-        "round_seconds": round(max(edge_seconds, default=0.0), 6),
-        "client_images": round(sum(row["client_images"] for row in rows), 3),
-        "loss": total("loss") / n_ok if n_ok else None,
-        "uplink_bits": int(total("uplink_bits")),
-        "downlink_bits": int(total("downlink_bits")),
-        "dropped_updates": int(total("nonfinite")),
-        "gamma": gamma,
-        "uncovered_fraction": uncovered,
-        "w2": total("w2") / n_ok if n_ok else 0.0,
-        "sigma1_sq": total("sigma1_sq") / total("sigma1_n") if total("sigma1_n") else None,
-        "sigma2_sq": spread / pooled_n if n_ok >= 2 and pooled_n else None,
-        "wall_seconds": 0.0,
-        "client_edges": [e for _, e, d in done for _ in d.row["clients"]],
-        "client_edge_rounds": [h for h, _, d in done for _ in d.row["clients"]],
-        "edge_weights": [_num(w) for w in weights],
-    }
-    for key in rows[0] if rows else ():  # a per-client list the flat row gained since: joined like the others
+    row = R.RoundRow(
+        round=r,
+        **{name: joined(name) for name in R.PER_CLIENT},
+        dropped_clients=dropped,
+        late_clients=joined("late_clients"),
+        round_seconds=round(max(edge_seconds, default=0.0), 6),
+        client_images=round(sum(row["client_images"] for row in rows), 3),
+        loss=total("loss") / n_ok if n_ok else None,
+        uplink_bits=int(total("uplink_bits")),
+        downlink_bits=int(total("downlink_bits")),
+        dropped_updates=int(total("nonfinite")),
+        gamma=gamma,
+        uncovered_fraction=uncovered,
+        w2=total("w2") / n_ok if n_ok else 0.0,
+        sigma1_sq=total("sigma1_sq") / total("sigma1_n") if total("sigma1_n") else None,
+        sigma2_sq=spread / pooled_n if n_ok >= 2 and pooled_n else None,
+    ).as_dict()
+    R.fill(row, client_edges=[e for _, e, d in done for _ in d.row["clients"]],
+           client_edge_rounds=[h for h, _, d in done for _ in d.row["clients"]], edge_weights=[_num(w) for w in weights])
+    for key in rows[0] if rows else ():  # a mechanism's per-client list (rounds.RoundRow.as_dict): joined like the others
         if key not in row and isinstance(rows[0][key], list):
             row[key] = joined(key)
     return row

@@ -30,6 +30,7 @@ import torch
 
 from dfbench import methods
 from dfbench.benchmark.core import numerics, runfolder
+from dfbench.benchmark.core import rounds as R
 from dfbench.benchmark.core.config import ConfigError, RunConfig, round_lr
 from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
 from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, init_weights, parallel, plateau, privacy
@@ -296,7 +297,7 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
                            f"e.g. it was paused); stopping without writing round {r}")
         if row["gamma"] is not None and row["clients"]:
             totals["gamma_star"] = row["gamma"] if totals["gamma_star"] is None else min(totals["gamma_star"], row["gamma"])
-        row["gamma_star"] = totals["gamma_star"]
+        R.fill(row, gamma_star=totals["gamma_star"])
         for k in ("uplink_bits", "downlink_bits", "dropped_updates", "wall_seconds"):
             totals[k] += row[k]
         for k in hierarchical.EDGE_BITS:  # (edge servers only: a flat run's totals and metrics.json stay as they were)
@@ -304,11 +305,11 @@ def _run(cfg: RunConfig, ctx: RunContext, method: methods.Method, d: Path, write
                 totals[k] = totals.get(k, 0) + row[k]
         totals["sim_seconds"] += row["round_seconds"]
         totals["client_images"] += row["client_images"]
-        row["sim_seconds"] = round(totals["sim_seconds"], 6)  # simulated time at the end of the round
+        R.fill(row, sim_seconds=round(totals["sim_seconds"], 6))  # simulated time at the end of the round
         if not _is_finite(state):
             if writer:
-                runfolder.append_round(d, {**row, "diverged": True})
-                trackers.log_round(r, {**row, "diverged": True})
+                runfolder.append_round(d, R.fill(dict(row), diverged=True))
+                trackers.log_round(r, R.fill(dict(row), diverged=True))
             raise Diverged(f"global model became non-finite in round {r} (lr={round_lr(cfg.train, r):g}); try a smaller train.lr or train.grad_clip")
         if ema is not None:
             ema.mul_(cfg.train.ema).add_(state.params, alpha=1 - cfg.train.ema)

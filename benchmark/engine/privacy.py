@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from dfbench.benchmark.engine.context import RunContext
 
 ACCOUNTANT = "opacus RDP (Poisson-subsampled Gaussian)"
+#: the rounds.jsonl fields this mechanism adds (Mechanism.on_aggregate; benchmark/core/rounds.py names the rest)
+ROUND_FIELDS = ("dp_epsilon", "dp_clipped_fraction", "dp_update_norm")
 
 
 def epsilon(q: float, noise: float, steps: int, delta: float) -> float:
@@ -109,9 +111,9 @@ class UserLevelDP(methods.Mechanism):
         acc["wcov"].fill_(1.0)
         acc["wtotal"].fill_(1.0)
         clipped, updates, norms = (float(x) for x in acc["dp_clipped"])
-        return {"dp_epsilon": _finite(epsilon(self.q, self.noise, ctx.round, self.delta)),
-                "dp_clipped_fraction": round(clipped / updates, 6) if updates else None,
-                "dp_update_norm": round(norms / updates, 6) if updates else None}  # mean, before clipping (to choose C)
+        return dict(zip(ROUND_FIELDS, (_finite(epsilon(self.q, self.noise, ctx.round, self.delta)),
+                                       round(clipped / updates, 6) if updates else None,
+                                       round(norms / updates, 6) if updates else None)))  # mean, before clipping (to choose C)
 
 
 def _clipped(start: torch.Tensor, update: torch.Tensor, factor: float, mask: torch.Tensor | None) -> torch.Tensor:

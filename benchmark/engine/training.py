@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dfbench import methods
+from dfbench.benchmark.core import rounds as R
 from dfbench.benchmark.engine import batched, distributed, parallel
 from dfbench.benchmark.engine.context import RunContext, sample_round_clients
 from dfbench.benchmark.engine.local_step import LocalResult, StepSettings, local_train
@@ -125,7 +126,7 @@ def train_round(method: methods.Method, state: methods.ServerState, ctx: RunCont
     clients, dropped = sample_round_clients(ctx.num_clients, cfg.system.participation, cfg.system.dropout, cfg.seed, r,
                                             cfg.system.sampling)
     done = train_clients(method, state, ctx, r, clients, mechanisms)
-    done.row.update(dropped_clients=dropped, wall_seconds=round(time.perf_counter() - t0, 4))
+    R.fill(done.row, dropped_clients=dropped, wall_seconds=round(time.perf_counter() - t0, 4))
     return done.state, done.row
 
 
@@ -222,7 +223,7 @@ def train_clients(method: methods.Method, state: methods.ServerState, ctx: RunCo
     round_seconds = clock.round_seconds([c.seconds for c in per_client.values()], bool(late))
     live = method.deployed_mask(state, ctx)  # after the plans (a method may have pruned in client_view)
     state, row = close_round(method, state, acc, ctx, r, per_client, mechanisms)
-    row.update(late_clients=sorted(late), round_seconds=round(round_seconds, 6), wall_seconds=round(time.perf_counter() - t0, 4))
+    R.fill(row, late_clients=sorted(late), round_seconds=round(round_seconds, 6), wall_seconds=round(time.perf_counter() - t0, 4))
     return ClientsDone(state=state, row=row, acc=acc, live=live)
 
 
@@ -274,33 +275,26 @@ def close_round(method: methods.Method, state: methods.ServerState, acc: dict[st
     # sigma_2^2: mean over clients of ||delta_k - mean(delta)||^2 = E||delta||^2 - ||E delta||^2 (per group, pooled)
     sigma2 = float(((usq - usum.double().square().sum(1) / nn_).sum() / nn_.sum())) if n_ok >= 2 else None
     ks = sorted(per_client)
-    row = {
-        "round": r,
-        "clients": ks,
-        "steps": [per_client[k].steps for k in ks],
-        "client_loss": [_num(per_client[k].loss) for k in ks],
-        "client_uplink_bits": [per_client[k].uplink_bits for k in ks],
-        "client_downlink_bits": [per_client[k].downlink_bits for k in ks],
-        "trained_params": [per_client[k].trained_params for k in ks],  # sub-model size (full model by default)
-        "flop_fraction": [round(per_client[k].flop_fraction, 6) for k in ks],
-        "dropped_clients": [],
-        "client_seconds": [round(per_client[k].seconds, 6) for k in ks],  # simulated
-        # measured wall time of each client's local training (images/s = steps x batch / this); None in lockstep
-        "client_train_seconds": [None if per_client[k].train_seconds is None else round(per_client[k].train_seconds, 4) for k in ks],
-        "late_clients": [],  # past system.deadline: update dropped
-        "round_seconds": 0.0,
-        # client work: images through the full model (steps x batch x FLOP fraction), reported updates only
-        "client_images": round(sum(c.steps * ctx.cfg.train.batch_size * c.flop_fraction for c in per_client.values()), 3),
-        "loss": float(S["loss"] / n_ok) if n_ok else None,
-        "uplink_bits": int(S["uplink_bits"]),
-        "downlink_bits": int(S["downlink_bits"]),
-        "dropped_updates": int(S["nonfinite"]),
-        "gamma": gamma,
-        "uncovered_fraction": uncovered,
-        "w2": float(S["w2"] / n_ok) if n_ok else 0.0,
-        "sigma1_sq": float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
-        "sigma2_sq": sigma2,
-        "wall_seconds": 0.0,
-        **mechanism_fields,
-    }
+    row = R.RoundRow(  # dropped and late clients, round and wall seconds: the driver fills them (rounds.fill)
+        round=r,
+        clients=ks,
+        steps=[per_client[k].steps for k in ks],
+        client_loss=[_num(per_client[k].loss) for k in ks],
+        client_uplink_bits=[per_client[k].uplink_bits for k in ks],
+        client_downlink_bits=[per_client[k].downlink_bits for k in ks],
+        trained_params=[per_client[k].trained_params for k in ks],
+        flop_fraction=[round(per_client[k].flop_fraction, 6) for k in ks],
+        client_seconds=[round(per_client[k].seconds, 6) for k in ks],
+        client_train_seconds=[None if per_client[k].train_seconds is None else round(per_client[k].train_seconds, 4) for k in ks],
+        client_images=round(sum(c.steps * ctx.cfg.train.batch_size * c.flop_fraction for c in per_client.values()), 3),
+        loss=float(S["loss"] / n_ok) if n_ok else None,
+        uplink_bits=int(S["uplink_bits"]),
+        downlink_bits=int(S["downlink_bits"]),
+        dropped_updates=int(S["nonfinite"]),
+        gamma=gamma,
+        uncovered_fraction=uncovered,
+        w2=float(S["w2"] / n_ok) if n_ok else 0.0,
+        sigma1_sq=float(S["sigma1_sq"] / S["sigma1_n"]) if float(S["sigma1_n"]) else None,
+        sigma2_sq=sigma2,
+    ).as_dict(**mechanism_fields)
     return state, row
