@@ -198,16 +198,19 @@ def train_clients(ctx: "RunContext", plans: dict[int, "ClientPlan"], r: int, set
     A plan whose LocalStep cannot run in lockstep (a network of its own, a step correction)
     is refused: the method should have declared `Capabilities(batched_clients=False)` (methods/base.py).
     """
-    refused = sorted(k for k, p in plans.items() if not p.step.lockstep)
+    refused = {k: p.step.beyond_lockstep() for k, p in sorted(plans.items()) if not p.step.lockstep}
     if refused:
-        raise ValueError(f"method {ctx.cfg.method!r} gave client(s) {refused} a local step with its own network or a step "
-                         "correction, which train.clients_mode=batched does not run; the method should declare "
-                         "capabilities = Capabilities(batched_clients=False). Use --set train.clients_mode=sequential")
+        fields = sorted({f for names in refused.values() for f in names})
+        raise ValueError(f"method {ctx.cfg.method!r} gave client(s) {sorted(refused)} a local step that sets "
+                         f"{', '.join(fields)}, which train.clients_mode=batched does not carry out (LocalStep."
+                         "LOCKSTEP_FIELDS); the method should declare capabilities = Capabilities(batched_clients=False). "
+                         "Use --set train.clients_mode=sequential")
     clients = list(plans)
     steps = [int(ctx.local_steps[k]) for k in clients]
     groups = lockstep_groups(clients, steps, [plans[k].step.objective for k in clients], ctx.cfg.train.client_batch)
     out: dict[int, LocalResult] = {}
     for group in groups:
+        # the LocalStep.LOCKSTEP_FIELDS: mask and proximal_mu per client, the objective per group
         jobs = [ClientJob(start=plans[k].start, indices=ctx.client_indices[k], gen=ctx.gen("client", r, k),
                           mask=plans[k].step.mask, prox_mu=plans[k].step.proximal_mu) for k in group]
         res = train_lockstep(ctx.model, ctx.layout, jobs, ctx.images, ctx.get_objective(plans[group[0]].step.objective),
