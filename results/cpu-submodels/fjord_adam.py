@@ -31,9 +31,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dfbench.benchmark.api import metric_table
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "fjord_adam"
-METRICS = ("fd_fmnist", "fd_fmnist_ae", "denoise_loss")
+METRICS = ("fd_fmnist", *metric_table.independent_checks("fmnist"))  # the ranking metric and its independent checks
 VARIANTS = ("lazy", "widths", "fjord", "fedavg")  # lazy Adam, widths {0.5, 1}, the committed FjORD, FedAvg
 
 
