@@ -184,13 +184,18 @@ def _finished(folder: Path) -> bool:
 
 
 def dry_run_lines(cfg: RunConfig, folder: Path) -> list[str]:
-    """What `dfbench run --dry-run` says below the config: the model preset train.model=auto stands for, and the
+    """What `dfbench run --dry-run` says below the config: the model preset train.model=auto stands for (and the
+    clients' mode train.clients_mode=auto stands for), and the
     run folder the run would write (the last line, as a real run's), with what a run would do there."""
     from dfbench.benchmark.engine.model import resolve_preset
+    from dfbench.benchmark.engine.resolve import with_clients_mode
 
     preset = resolve_preset(cfg.train.model, cfg.data.dataset)
     model = (f"train.model: auto = {preset} (the preset dfbench picks for {cfg.data.dataset})"
              if cfg.train.model == "auto" else f"train.model: {preset}")
+    if cfg.train.clients_mode == "auto":
+        model += (f"; train.clients_mode: auto = {with_clients_mode(cfg).train.clients_mode} (lockstep for the MLP "
+                  "presets where the method allows it)")
     st = _status_now(folder) if folder.is_dir() else None
     if st is None:
         state = "not there yet: the run would create it" if not folder.exists() else "no status yet: the run would start it"

@@ -323,13 +323,20 @@ class FedPhD(Method):
 
     @classmethod
     def check(cls, config: "FedPhD.Config", run: "RunConfig", world: int = 1) -> None:
-        """Pruning only of a width-aware network (the built-in UNet); batched clients only without pruning."""
+        """Pruning only of the built-in UNet (width-aware, and the channel spaces it traces are a UNet's: not the MLP);
+        batched clients only without pruning."""
         super().check(config, run, world)
         if config.prune_ratio > 0 and not presets.width_aware(run.train.model):
             raise ValueError(f"method 'fedphd' cannot prune train.model={run.train.model}: it traces the built-in UNet's "
                              "channels and trains the pruned network at a narrower base width, which needs a width-aware "
                              f"network (benchmark/engine/model.py); use a built-in train.model ({', '.join(('auto', *presets.BUILTIN))}), "
                              "or method.prune_ratio=0")
+        model = run.train.model if run.train.model != "auto" else (presets.auto_by_name(run.data.dataset) or "auto")
+        if config.prune_ratio > 0 and presets.family(model) == "mlp":
+            raise ValueError(f"method 'fedphd' cannot prune train.model={model} (an MLP): it traces the UNet's channel "
+                             "spaces (convolutions, skips, norm groups) to choose the channels it keeps; use a built-in "
+                             f"UNet ({', '.join(presets.BUILTIN)}) or method.prune_ratio=0 (no pruning); for width "
+                             "sub-models of the MLP use heterofl, fedrolex or fjord")
         if config.prune_ratio > 0 and run.train.init_objective:
             raise ValueError(f"method 'fedphd' cannot prune with train.init_objective={run.train.init_objective}: the "
                              "conversion wraps the run's network, and the pruned network is another one; use "

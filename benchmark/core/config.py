@@ -40,7 +40,7 @@ Sampler = Literal["auto", "ddim", "euler", "heun"]
 # UNet2DModel's: the optional extra), derived from it
 Preset = Literal[("auto", *presets.ALL)]  # type: ignore[valid-type]
 Amp = Literal["auto", "off", "bf16"]
-ClientsMode = Literal["sequential", "batched"]
+ClientsMode = Literal["auto", "sequential", "batched"]
 LrDecay = Literal["none", "cosine"]
 Driver = Literal["sync", "fedbuff"]
 TimeSampling = Literal["auto", "uniform", "logit_normal"]
@@ -204,7 +204,10 @@ class TrainConfig:
     amp: Amp = declare("auto")
     channels_last: bool = declare(False, role="execution")  # feed the convolutions NHWC batches (sequential clients; speed only)
     compile: bool = declare(False, role="execution")  # torch.compile the model for local training (CUDA only; speed only)
-    clients_mode: ClientsMode = declare("sequential", role="execution")  # "batched": a round's clients train in lockstep (torch.func.vmap)
+    # "batched": a round's clients train in lockstep (torch.func.vmap); "sequential": one after another; "auto" (resolved
+    # before the run, config.json says which ran): batched for the MLP presets where the method and driver allow it
+    # (1.8-4.8x for mlp-tiny, level for mlp: results/gt-demo/speed.md), sequential for the UNets (0.58x batched on a CPU)
+    clients_mode: ClientsMode = declare("auto", role="execution")
     client_batch: int = declare(0, role="execution")  # clients per lockstep group in batched mode (0 = all of the round's clients)
     # CPU: processes training a round's clients side by side, one thread each (benchmark/engine/parallel.py):
     # 0 = one per torch thread of the run (a grid's one-thread cells: one), 1 = one after another in this process

@@ -36,7 +36,7 @@ from dfbench.benchmark.core.lock import LockHeld, LockLost, RunLock
 from dfbench.benchmark.engine import asynchronous, distributed, hierarchical, init_weights, parallel, plateau, privacy
 from dfbench.benchmark.engine.context import RunContext, build_context
 from dfbench.benchmark.engine.memory import OutOfMemory, free_gpu_memory  # noqa: F401 (part of this module's interface)
-from dfbench.benchmark.engine.resolve import resolve
+from dfbench.benchmark.engine.resolve import resolve, with_clients_mode
 from dfbench.benchmark.engine.training import train_round
 from dfbench.benchmark.tracking import Trackers, parse_trackers
 from dfbench.methods.plugins import method_origin
@@ -102,7 +102,7 @@ def run(cfg: RunConfig, out: str | Path, *, force: bool = False, progress: bool 
     rank, world = distributed.rank_world()
     # checked again with the real number of ranks (e.g. per-client state across ranks): refused before the lock,
     # a folder or any data; a config built by hand (RunConfig(...)) is resolved here
-    cfg = resolve(cfg, world)
+    cfg = with_clients_mode(resolve(cfg, world), world)  # train.clients_mode=auto: what will run, in config.json
     check_metrics(cfg)  # a misspelt metric: refused now, not after the training
     d = runfolder.run_dir(out, cfg)
     writer = rank == 0

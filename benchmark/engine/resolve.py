@@ -60,6 +60,36 @@ def resolve(cfg: RunConfig, world: int = 1) -> RunConfig:
     return resolved
 
 
+def with_clients_mode(cfg: RunConfig, world: int = 1) -> RunConfig:
+    """`cfg` with train.clients_mode=auto replaced by what will run (the life cycle calls it on the final config, so
+    config.json says which; an execution field: not in the run id): "batched" (the round's clients in lockstep) for
+    the MLP presets, where it measured 1.8-4.8x faster for mlp-tiny and level for mlp (results/gt-demo/speed.md, 10
+    and 100 clients), whenever the method, the driver and the options allow it; "sequential" for the UNets (0.58x
+    batched on a CPU, docs/performance.md) and wherever lockstep is refused. Not in `resolve`: a config is resolved
+    again when a later override switches its method, and a choice made for the first method must not stick."""
+    from dfbench.benchmark.engine.model import resolve_preset
+
+    t = cfg.train
+    if t.clients_mode != "auto":
+        return cfg
+
+    def mode() -> str:
+        if world > 1 or t.driver != "sync" or t.compile or t.channels_last:
+            return "sequential"
+        preset = presets.PRESETS.get(resolve_preset(t.model, cfg.data.dataset))
+        if preset is None or preset.family != "mlp":
+            return "sequential"
+        trial = replace(cfg, train=replace(t, clients_mode="batched"))
+        try:  # the method's own refusal of lockstep (declared capabilities, its hyperparameters)
+            config = methods.method_config(cfg.method, dict(cfg.method_params))
+            methods.get_method_class(cfg.method).check(config, trial, world)
+        except (KeyError, TypeError, ValueError):
+            return "sequential"
+        return "batched"
+
+    return replace(cfg, train=replace(t, clients_mode=mode()))
+
+
 def apply_overrides(cfg: RunConfig, items: Mapping[str, Any]) -> RunConfig:
     """Apply dotted overrides {'train.lr': 1e-3, 'method.mu': 0.01, 'seed': 1}; return the config resolved.
 

@@ -149,3 +149,44 @@ def test_the_fashion_mnist_proxies_score_the_fmnist28_mixture_against_its_quanti
     # and the metric is refused where the networks do not apply (another side of the fitted family)
     with pytest.raises(ValueError, match="only defined for dataset 'fmnist' or 'gmm:fmnist28'"):
         evaluate_samples(pixels[:, :, :8, :8], "gmm:fmnist8", metrics=["fd_fmnist"])
+
+
+@pytest.mark.parametrize("name", methods.list_methods())
+def test_every_method_trains_on_the_vector_family_under_the_default_clients_mode(tmp_path, name):
+    # prepare: the defaults' train.clients_mode=auto on the MLP track: lockstep where the method allows it
+    from dfbench.benchmark.engine.resolve import with_clients_mode
+
+    over = {"data.clients": 3, "data.min_client_size": 4, "train.model": "mlp-tiny", "train.local_steps": 2,
+            "train.batch_size": 8, "eval.samples": 32, "eval.grid": 4, "eval.sampler_steps": 3, "train.objective": "fm"}
+    spec = {"method": name, "data.dataset": "gmm:dim4?n=200&test=64", "train.rounds": 2, **over}
+    if name == "fedphd":  # its pruning traces a UNet's channel spaces: refused on the MLP, before any work
+        with pytest.raises(ConfigError, match="cannot prune train.model=mlp-tiny"):
+            apply_overrides(RunConfig(), spec)
+        spec["method.prune_ratio"] = 0.0
+    cfg = apply_overrides(RunConfig(), spec)
+    assert cfg.train.clients_mode == "auto"
+    chosen = with_clients_mode(cfg).train.clients_mode
+    # execute
+    d = run(cfg, tmp_path, progress=False)
+    # assert: done, config.json records the mode that ran (never lockstep for a method that refuses it), scored exactly
+    assert json.loads((d / "status.json").read_text())["state"] == "done"
+    assert json.loads((d / "config.json").read_text())["train"]["clients_mode"] == chosen
+    if not methods.get_method_class(name).capabilities.batched_clients:
+        assert chosen == "sequential"
+    assert np.isfinite(_scores(d)["score_kl"]["value"])
+
+
+def test_auto_clients_mode_is_lockstep_for_the_mlp_presets_only():
+    from dfbench.benchmark.engine.resolve import with_clients_mode
+
+    def mode(**over):
+        return with_clients_mode(apply_overrides(RunConfig(), over)).train.clients_mode
+
+    assert mode(**{"data.dataset": "gmm:dim8"}) == "batched"  # auto = mlp
+    assert mode(**{"data.dataset": "gmm:dim8", "method": "scaffold"}) == "sequential"  # refuses lockstep
+    assert mode(**{"data.dataset": "gmm:fmnist8", "train.model": "tiny"}) == "sequential"  # a UNet
+    assert mode(**{"data.dataset": "fmnist"}) == "sequential"
+    assert mode(**{"data.dataset": "gmm:dim8", "train.clients_mode": "sequential"}) == "sequential"  # as asked
+    # a choice made for the first method does not stick when an override switches it (the CLI and grids do so)
+    first = apply_overrides(RunConfig(), {"data.dataset": "gmm:dim8"})
+    assert with_clients_mode(apply_overrides(first, {"method": "scaffold"})).train.clients_mode == "sequential"
