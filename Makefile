@@ -217,7 +217,7 @@ bench-comm: $(VENV)/.installed ## FedAvg vs quantized updates at 8/4/2 bits
 bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at the same compute
 	$(BIN)/dfbench grid experts --download --out $(RUNS) --device $(DEVICE) $(GRID_ARGS)
 
-# The seed paper's study on one GPU. The plan (benchmark/studies/gpu_plan.py) checks first what the
+# The seed paper's study on one GPU. The plan (results/cifar10-gpu/gpu_plan.py) checks first what the
 # machine has (CIFAR-10 and its checksums, the Inception weights, KID, CUDA, diffusers, the model;
 # DINOv2's file is optional), all at once with what to fetch from where, and plans the GPU-hours from
 # the throughput it measures on the GPU (elsewhere: a stated H200 estimate, said so); a required item
@@ -227,14 +227,14 @@ bench-experts: $(VENV)/.installed ## decentralized expert mixtures vs FedAvg at 
 GPU_DEVICE ?= cuda
 CIFAR10_GPU_DRY = $(findstring n,$(firstword -$(MAKEFLAGS)))
 bench-cifar10-gpu: $(VENV)/.installed ## the seed paper's pruning study on CIFAR-10 for one GPU: DDPM's UNet, FedAvg vs random / top-k at keep 0.75/0.5/0.25, FID + KID on 10k samples, 3-10 seeds (60 cells), and issue 53's sub-models on the same UNet built width-aware (ddpm32: FedAvg, HeteroFL, FedRolex, FjORD at tiers 1.0/0.4, random / balanced masks at keep 0.5, FedPhD and hierarchical FedAvg under 2 edge servers, 3 seeds: 24 cells); 84 cells, ~37 GPU-hours on an H200, estimated; results in results/cifar10-gpu/
-	+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
+	+$(BIN)/python results/cifar10-gpu/gpu_plan.py results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) $(if $(CIFAR10_GPU_DRY),--dry-run,--save results/cifar10-gpu/throughput.json)
 	@# the report is written even when a cell failed (it lists the failure); make still exits non-zero then
 	$(BIN)/dfbench grid results/cifar10-gpu/cifar10-gpu.toml --out results/cifar10-gpu/runs --device $(GPU_DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/cifar10-gpu/runs --out results/cifar10-gpu --claims results/cifar10-gpu/cifar10-gpu.claims.toml && \
 	$(BIN)/python results/paper-fmnist/paper_figures.py --runs results/cifar10-gpu/runs --out results/cifar10-gpu --model diffusers-ddpm-cifar10 && exit $$status
 
 bench-cifar10-gpu-plan: $(if $(wildcard $(VENV)/.installed),,$(VENV)/.installed) ## bench-cifar10-gpu's preflight and plan only (exit 0): what this machine lacks and where to get it, the cells, the GPU-hours (measured on a GPU, else estimated), the seeds each claim needs
-	$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) --dry-run
+	$(BIN)/python results/cifar10-gpu/gpu_plan.py results/cifar10-gpu/cifar10-gpu.toml --device $(GPU_DEVICE) --dry-run
 
 perf: $(VENV)/.installed ## side-by-side speed table, written to results/perf.md
 	$(BIN)/dfbench perf --device $(DEVICE)

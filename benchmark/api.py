@@ -17,6 +17,11 @@ re-exports, by area:
 - metrics and verdicts: ``metric_table`` (the one metrics table: scale, direction), ``t_interval``,
   ``seed_interval``, ``chance_band``, ``verdicts`` (paired t, TOST, Holm, the four verdicts),
   ``seed_differences``, ``paired_table`` / ``write_paired_table`` (each setting minus a reference, per seed);
+- claims: ``claims`` (a claims file decided from runs.csv, written as claims.md / .csv and quoted in a README),
+  ``REGISTRATION_SAID`` (where claims.md states how the claims were registered);
+- sizing a study's seeds from an earlier study's runs.csv: ``size_seeds`` (``Sizing`` per claim),
+  ``seeds_per_setting``, ``MIN_SEEDS``, ``SEED_CAP``; a confirmatory re-run's checks and seeds:
+  ``ConfirmatoryStudy`` and ``size_confirmatory_study`` (benchmark/report/confirm_sizing.py);
 - study tables: ``load_study``, ``write_study``, ``study_main`` (the runs and metric a study compares, its
   table written as .md/.csv/.png, its command line), ``run_speeds`` / ``speeds`` / ``speed_table`` /
   ``write_speed_table`` (training speed per run and per setting);
@@ -46,12 +51,17 @@ from dfbench.benchmark.grid.spec import load_grid as load_grid
 from dfbench.benchmark.metrics import table as metric_table
 from dfbench.benchmark.metrics.drift import load_samples as load_samples, run_drift as run_drift
 from dfbench.benchmark.metrics.uncertainty import seed_interval as seed_interval, t_interval as t_interval
+from dfbench.benchmark.report import claims as claims
 from dfbench.benchmark.report import verdicts as verdicts
 from dfbench.benchmark.report.frames import (CONFIG_DEFAULTS as CONFIG_DEFAULTS, ReportData as ReportData,
                                              better as better, collect as collect, curve_labels as curve_labels,
                                              higher_is_better as higher_is_better, primary_metric as primary_metric)
 from dfbench.benchmark.report.names import is_baseline as is_baseline, setting_names as setting_names
+from dfbench.benchmark.report.confirm_sizing import Study as ConfirmatoryStudy, main as size_confirmatory_study
 from dfbench.benchmark.report.paired import paired_table as paired_table, write as write_paired_table
+from dfbench.benchmark.report.preregistration import REGISTRATION_SAID as REGISTRATION_SAID
+from dfbench.benchmark.report.sizing import (MIN_SEEDS as MIN_SEEDS, SEED_CAP as SEED_CAP, Sizing as Sizing,
+                                             seeds_per_setting as seeds_per_setting, size_seeds as size_seeds)
 from dfbench.benchmark.report.speed import (run_speeds as run_speeds, speeds as speeds, summarize as speed_table,
                                             write as write_speed_table)
 from dfbench.benchmark.report.study_tools import (StudyRuns as StudyRuns, load_study as load_study,

@@ -2,7 +2,7 @@
 # One-call GPU check (see scripts/gpu_check.py): writes results/gpu-check.md in <= 10 minutes.
 # Always runs THIS checkout's code, without installing dfbench (no setuptools, no network for it):
 # a throw-away shim folder holds dfbench/ as symlinks into the checkout and goes first on
-# PYTHONPATH (PYTHONSAFEPATH=1 keeps the working directory off sys.path), so neither a stale
+# PYTHONPATH (PYTHONSAFEPATH=1 keeps the working directory off the import path), so neither a stale
 # installed dfbench nor the checkout's bare dfbench/ folder can shadow it; checked before the run.
 # Interpreter: $PYTHON, else .venv/bin/python when it exists, else python3 (a GPU machine's python
 # with CUDA torch works as it is). Dependencies ([project].dependencies of pyproject.toml) that the

@@ -28,7 +28,7 @@ one-sided t against the bound for ``at_most``), Holm-corrected over the claims o
 is *holds* (the verdict is the expected one), *does not hold* (another decided verdict) or *undecided*
 with the seeds that would decide it. The claims come from the per-run table (``runs.csv``, which
 `dfbench report` writes beside the leaderboard), so a committed study re-decides its claims without
-its run folders: ``python -m dfbench.benchmark.studies.claims``.
+its run folders: ``python scripts/claims.py results/<study>``.
 
 **Agreement across metrics.** A claim on the ranking metric, or on one of the metrics the metric table
 declares independent checks of it (``metrics.table.INDEPENDENT_CHECKS``: the label-free space fd_fmnist_ae and

@@ -3,7 +3,7 @@ re-decides:
 
     python results/confirmatory-2/sizing.py
 
-The rules and the checks are benchmark/studies/confirm_sizing.py's (those results/confirmatory was sized by): each
+The rules and the checks are benchmark/report/confirm_sizing.py's (those results/confirmatory was sized by): each
 claim keeps its source claim's settings, metric, expectation, bound and margin; each cell of confirmatory-2.toml is,
 key for key, a cell of its source grid but for the seed and the metrics it records (the recipe cells record every
 metric, where cpu-recipe's recorded fd_fmnist alone); the seeds at which the report's own test of a claim reaches
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbench.benchmark.studies.confirm_sizing import Study, main
+from dfbench.benchmark.api import ConfirmatoryStudy, size_confirmatory_study
 
-STUDY = Study(
+STUDY = ConfirmatoryStudy(
     folder=Path(__file__).resolve().parent,
     sources={  # claim of this study -> (the exploratory study, its claim id)
         "S-fedavgm-0.1": ("cpu-aggregation", "fedavgm-0.1"),
@@ -34,4 +34,4 @@ STUDY = Study(
 )
 
 if __name__ == "__main__":
-    raise SystemExit(main(STUDY, "results/confirmatory-2/sizing.py"))
+    raise SystemExit(size_confirmatory_study(STUDY, "results/confirmatory-2/sizing.py"))

@@ -2,7 +2,7 @@
 
     python results/confirmatory-3/sizing.py
 
-The rules and the checks are benchmark/studies/confirm_sizing.py's (as for results/confirmatory and
+The rules and the checks are benchmark/report/confirm_sizing.py's (as for results/confirmatory and
 results/confirmatory-2): each claim keeps paper-fmnist's claim unchanged, each cell of confirmatory-3.toml is a cell of
 paper-fmnist.toml but for the seed; the seeds at which the report's own test reaches power 0.8 at the exploratory
 spread, at Holm's strictest level over this file's two claims (alpha = 0.05 / 2). The two claims share no setting,
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbench.benchmark.studies.confirm_sizing import Study, main
+from dfbench.benchmark.api import ConfirmatoryStudy, size_confirmatory_study
 
-STUDY = Study(
+STUDY = ConfirmatoryStudy(
     folder=Path(__file__).resolve().parent,
     sources={  # claim of this study -> (the exploratory study, its claim id)
         "Q-0.75": ("paper-fmnist", "C1-0.75"),
@@ -27,4 +27,4 @@ STUDY = Study(
 )
 
 if __name__ == "__main__":
-    raise SystemExit(main(STUDY, "results/confirmatory-3/sizing.py"))
+    raise SystemExit(size_confirmatory_study(STUDY, "results/confirmatory-3/sizing.py"))

@@ -2,7 +2,7 @@
 
     python results/confirmatory/sizing.py
 
-The rules and the checks are benchmark/studies/confirm_sizing.py's (written for this study, shared since with
+The rules and the checks are benchmark/report/confirm_sizing.py's (written for this study, shared since with
 results/confirmatory-2): each claim keeps its source claim's settings, metric, expectation, bound and margin, and
 each cell of confirmatory.toml is, key for key, a cell of its source grid but for the seed; the seeds at which the
 report's own test of the claim reaches power 0.8 at the exploratory spread, at Holm's strictest level over this
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dfbench.benchmark.studies.confirm_sizing import Study, main
+from dfbench.benchmark.api import ConfirmatoryStudy, size_confirmatory_study
 
-STUDY = Study(
+STUDY = ConfirmatoryStudy(
     folder=Path(__file__).resolve().parent,
     sources={  # claim of this study -> (the exploratory study, its claim id)
         "C-qiao-0.5": ("paper-fmnist", "C1-0.5"),
@@ -29,4 +29,4 @@ STUDY = Study(
 )
 
 if __name__ == "__main__":
-    raise SystemExit(main(STUDY, "results/confirmatory/sizing.py"))
+    raise SystemExit(size_confirmatory_study(STUDY, "results/confirmatory/sizing.py"))

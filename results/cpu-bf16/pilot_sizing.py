@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.report.claims import quality_metrics
+from dfbench.benchmark.api import claims
+from dfbench.benchmark.api import verdicts as V
 
 HERE = Path(__file__).resolve().parent
-METRICS = quality_metrics("fd_fmnist", "fmnist")  # the ranking metric and its independent checks (metrics/table.py)
+METRICS = claims.quality_metrics("fd_fmnist", "fmnist")  # the ranking metric and its independent checks (metrics/table.py)
 MARGIN = 0.05
 ALPHA = V.ALPHA / 3
 

@@ -179,7 +179,9 @@ def test_the_label_skew_the_heterogeneity_page_quotes() -> None:
 
 def test_the_gpu_study_plan_the_scale_out_page_quotes() -> None:
     """docs/scale-out.md: the cifar10-gpu grid and its GPU-hours from the stated per-image costs."""
-    from dfbench.benchmark.studies import gpu_plan
+    from helpers import load_script
+
+    gpu_plan = load_script("results/cifar10-gpu/gpu_plan.py")
 
     grid, model, _, _ = gpu_plan.load_study_grid(str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml"))
     cells = grid.cells

@@ -18,7 +18,9 @@ import pandas as pd
 import pytest
 
 from dfbench.benchmark.report import claims as C
-from dfbench.benchmark.studies import claims as study_claims
+from helpers import load_script
+
+study_claims = load_script("claims")  # scripts/claims.py
 
 ROOT = Path(__file__).resolve().parents[2]
 # The committed studies' READMEs. A folder with a reference/ study (results/demo) is where `make demo` writes a
@@ -38,7 +40,7 @@ LITERAL = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d[\d_]*(?:\.\d+)?(?:[eE]
 @pytest.mark.parametrize("readme", READMES + DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_generated_blocks_are_what_the_csvs_give(readme):
     assert study_claims.stale_blocks(readme) == [], (
-        f"regenerate with `python -m dfbench.benchmark.studies.claims {readme.parent.relative_to(ROOT)}`")
+        f"regenerate with `python scripts/claims.py {readme.parent.relative_to(ROOT)}`")
 
 
 def test_every_study_reported_under_the_verdicts_quotes_its_claims():

@@ -94,7 +94,9 @@ def test_ddpm_cifar10_has_the_papers_parameter_count():
 def test_ddpm32_is_the_ddpm_cifar10_network_in_the_built_in_unet():
     # the same parameter count and the same FLOPs (what the GPU planner scales its cells by: 1.0), and the width
     # sub-models can cut it (the built-in UNet is width-aware; the diffusers one is not)
-    from dfbench.benchmark.studies.gpu_plan import forward_flops
+    from helpers import load_script
+
+    forward_flops = load_script("results/cifar10-gpu/gpu_plan.py").forward_flops
 
     assert PARAMS["ddpm32"] == PARAMS["diffusers-ddpm-cifar10"]
     assert forward_flops("ddpm32", "cifar10") == forward_flops("diffusers-ddpm-cifar10", "cifar10") == 12_443_713_536

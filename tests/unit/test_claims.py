@@ -1,6 +1,6 @@
 """Claims files (benchmark/report/claims.py): checked before any work, decided seed-paired from the
 per-run table with the verdicts' statistics, written as a table that a README quotes, and a stale
-README block is caught (benchmark/studies/claims.py --check)."""
+README block is caught (scripts/claims.py --check)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from scipy import stats
 from dfbench.benchmark.report import claims as C
 from dfbench.benchmark.report import preregistration as P
 from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.studies import claims as study_claims
+from helpers import load_script
+
+study_claims = load_script("claims")  # scripts/claims.py
 
 
 def _runs() -> pd.DataFrame:
@@ -167,7 +169,7 @@ def test_report_refuses_a_bad_claims_file_or_margin_before_writing_anything(tmp_
 
 
 def test_claims_md_names_a_claims_file_of_the_repository_relative_to_its_root(tmp_path):
-    # `python -m dfbench.benchmark.studies.claims STUDY` reads the claims file back as an absolute path; the
+    # `python scripts/claims.py STUDY` reads the claims file back as an absolute path; the
     # claims.md it writes must still name it as the make targets do (a committed file holds no machine's path)
     from dfbench.benchmark.report import claims as C
 

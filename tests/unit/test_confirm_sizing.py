@@ -1,4 +1,4 @@
-"""The rules that size a confirmatory study (benchmark/studies/confirm_sizing.py): claims that share a setting form
+"""The rules that size a confirmatory study (benchmark/report/confirm_sizing.py): claims that share a setting form
 one block on the same seeds, the budget cut, and the checks that a re-run keeps its source's claims and cells."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dfbench.benchmark.report.claims import Claim
-from dfbench.benchmark.studies import confirm_sizing as S
-from dfbench.benchmark.studies import gpu_plan
+from dfbench.benchmark.report import confirm_sizing as S
+from dfbench.benchmark.report import sizing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_the_budget_cuts_the_block_with_the_most_seeds_until_the_blocks_fit():
     assert S.seeds_used({0: 7, 1: 3, 2: 9}, {0: 313, 1: 113, 2: 315}, 35 * 60, 2) == {0: 7, 1: 3, 2: 5}  # confirmatory
     # 10 x 100 + 8 x 100 = 1800 s of work on one worker against 1000: the 10 is cut to what fits beside the 8
     # (2 seeds, raised to the minimum 3), then, still over (1100 s), the 8 to what fits beside those 3 (7)
-    assert S.seeds_used({0: 10, 1: 8}, {0: 100, 1: 100}, 1000, 1) == {0: gpu_plan.MIN_SEEDS, 1: 7}
+    assert S.seeds_used({0: 10, 1: 8}, {0: 100, 1: 100}, 1000, 1) == {0: sizing.MIN_SEEDS, 1: 7}
     assert S.seeds_used({0: 4}, {0: 10}, 1000, 1) == {0: 4}  # it fits: the need
 
 

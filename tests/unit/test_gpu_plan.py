@@ -1,4 +1,4 @@
-"""The GPU study's preflight and plan (benchmark/studies/gpu_plan.py, `make bench-cifar10-gpu[-plan]`), on CPU:
+"""The GPU study's preflight and plan (results/cifar10-gpu/gpu_plan.py, `make bench-cifar10-gpu[-plan]`), on CPU:
 every missing input reported at once with its fix, the plan's seconds computed from the grid's cells, the
 seeds each claim needs from an earlier study's paired spread, and a dry run that exits 0 with a plan."""
 
@@ -18,9 +18,10 @@ import torch
 from dfbench.benchmark.core import presets
 from dfbench.benchmark.grid import matching
 from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.studies import gpu_plan as G
 from dfbench.datasets import data_info
-from helpers import tiny_config, write_grid
+from helpers import load_script, tiny_config, write_grid
+
+G = load_script("results/cifar10-gpu/gpu_plan.py")
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = str(ROOT / "results" / "cifar10-gpu" / "cifar10-gpu.toml")  # the study's grid, in its results folder
@@ -306,12 +307,12 @@ def test_the_make_targets_run_the_plan_first_and_under_make_n():
     phony = next(line for line in text.splitlines() if line.startswith(".PHONY:"))
     assert " bench-cifar10-gpu " in phony + " " and " bench-cifar10-gpu-plan " in phony + " "
     recipe = re.search(r"^bench-cifar10-gpu:.*?\n((?:\t.*\n)+)", text, re.M).group(1).splitlines()
-    assert recipe[0].startswith("\t+$(BIN)/python -m dfbench.benchmark.studies.gpu_plan results/cifar10-gpu/cifar10-gpu.toml")
+    assert recipe[0].startswith("\t+$(BIN)/python results/cifar10-gpu/gpu_plan.py results/cifar10-gpu/cifar10-gpu.toml")
     assert "$(if $(CIFAR10_GPU_DRY),--dry-run," in recipe[0]
     assert any("dfbench grid results/cifar10-gpu/cifar10-gpu.toml" in line for line in recipe[1:])
     assert any("--claims results/cifar10-gpu/cifar10-gpu.claims.toml" in line for line in recipe)
     plan = re.search(r"^bench-cifar10-gpu-plan:.*?\n((?:\t.*\n)+)", text, re.M).group(1)
-    assert "gpu_plan results/cifar10-gpu/cifar10-gpu.toml" in plan and "--dry-run" in plan
+    assert "gpu_plan.py results/cifar10-gpu/cifar10-gpu.toml" in plan and "--dry-run" in plan
 
 
 @pytest.mark.slow

@@ -4,9 +4,9 @@ Layers, lowest first (`LAYERS`; each package's docstring states its number, chec
 1 core (the run's configuration, value parsing, seeds, locks, the preset table, the run-folder format);
 2 methods (the method protocol and the methods, which see a run only through their own protocol,
 methods/context.py); 3 metrics; 4 tracking (experiment trackers); 5 engine (resolving a config against
-the methods and the data, the run); 6 grid; 7 report (the leaderboard); 8 studies (the tools of one study
-each: paired tests, frontier, privacy, time to quality, the paper's figures, metric calibration; they read
-what report reads); 9 the fronts (cli, api, perf, the top-level dfbench API). A module imports only from
+the methods and the data, the run); 6 grid; 7 report (the leaderboard, and what study scripts build on); 8 the
+fronts (cli, api, perf, flower_bench, the top-level dfbench API). The studies' own code is not in the package
+(results/<study>/, tests/results/test_study_scripts.py). A module imports only from
 its own layer or below, with no exception.
 
 The graph is built statically (``ast`` over the package files, relative imports
@@ -58,9 +58,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dfbench.benchmark.engine",),
     ("dfbench.benchmark.grid",),
     ("dfbench.benchmark.report",),
-    ("dfbench.benchmark.studies",),
     ("dfbench", "dfbench.benchmark", "dfbench.benchmark.cli", "dfbench.benchmark.api", "dfbench.benchmark.run_flags",
-     "dfbench.benchmark.perf", "dfbench.benchmark.__main__", "dfbench.__main__"),
+     "dfbench.benchmark.perf", "dfbench.benchmark.flower_bench", "dfbench.benchmark.__main__", "dfbench.__main__"),
 )
 
 

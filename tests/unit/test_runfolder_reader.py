@@ -64,9 +64,9 @@ def test_a_damaged_file_is_raised_by_its_reader_not_by_the_walk(tmp_path: Path) 
 
 # -- the static rule -----------------------------------------------------------------------
 
-# The package: what `pip install .` ships. scripts/ (a maintainer's one-off tools run from a checkout,
-# several of them reading run folders by hand) and tests/ (which write run folders to check the
-# format itself) are left out.
+# The package: what `pip install .` ships. The study scripts (results/<study>/*.py, scripts/*.py: run from a
+# checkout, outside the package; tests/results/test_study_scripts.py holds them to the one reader) and tests/
+# (which write run folders to check the format itself) are left out.
 PACKAGE = ("benchmark", "methods", "datasets", "dfbench")
 OWNER = REPO / "benchmark" / "core" / "runfolder.py"
 

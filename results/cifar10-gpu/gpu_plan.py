@@ -17,14 +17,14 @@ what the study will cost:
    for the sample-gradients and sampling evaluations, the method's sampling rules for the number of
    sampling and scoring passes), the seconds at that throughput; per setting and in total, the
    GPU-hours; the reference statistics once.
-4. **Seeds** (`size_seeds`): how many seeds each claim of the study's claims file needs for a paired
+4. **Seeds** (`size_seeds`, the package's `api.size_seeds`): how many seeds each claim of the study's claims file needs for a paired
    verdict, from the paired spread of the same contrasts in an earlier study (`--evidence`:
    results/paper-fmnist/runs.csv, whose settings have the same specs), with
    `verdicts.seeds_needed` at the claims file's strictest Holm level, the evidence's sd taken at its
    one-sided 80 % upper confidence bound (`verdicts.SIZING_CONFIDENCE`); and whether the grid gives
    each claim that many shared seeds.
 
-`python -m dfbench.benchmark.studies.gpu_plan GRID [--dry-run]` prints all four. Nothing here
+`python results/cifar10-gpu/gpu_plan.py GRID [--dry-run]` prints all four. Nothing here
 downloads or trains.
 """
 
@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from dfbench.benchmark.core.config import ConfigError, Preset, RunConfig
-from dfbench.benchmark.grid import matching
+from dfbench.benchmark.api import SEED_CAP, ConfigError, RunConfig, Sizing, load_grid, seeds_per_setting
+from dfbench.benchmark.api import size_seeds as api_size_seeds
+from dfbench.benchmark.core.config import Preset
 from dfbench.benchmark.grid import plan as grid_plan
-from dfbench.benchmark.grid.spec import Cell, Grid, GridError, load_grid, parse_grid, resolve_grid
-from dfbench.benchmark.report.verdicts import SIZING_CONFIDENCE
+from dfbench.benchmark.grid.spec import Cell, Grid, GridError, parse_grid, resolve_grid
 
 __all__ = [
     "Check", "CellPlan", "Sizing", "StudyPlan", "Throughput", "STATED", "load_study_grid", "main", "measure_throughput",
@@ -60,12 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the earlier study whose paired spread sizes the seeds, and which of its metrics stands in for each of ours
 EVIDENCE = ROOT / "results" / "paper-fmnist" / "runs.csv"
 EVIDENCE_METRICS = {"fid": "fd_fmnist", "kid": "kid_fmnist", "fd_dinov2": "fd_fmnist_ae"}
-SEED_CAP = 12  # a claim needing more seeds than this is out of reach at the study's budget (listed, not sized for)
-MIN_SEEDS = 3  # every setting: the fewest seeds with a spread to test
 STAND_IN_MODEL = "base32"  # plans a grid whose model this checkout does not know (its costs come from the throughput)
-# a claim's `where` keys that select this study's cells but not the evidence's runs: the earlier study trained its
-# own network, and its same specs stand in for ours whatever the network
-EVIDENCE_FREE_KEYS = ("train.model",)
 
 
 # -- preflight --------------------------------------------------------------------------------------
@@ -558,95 +553,11 @@ def model_scales(grid: Grid, throughput_model: str, stand_in: str | None = None)
 
 # -- seeds ------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Sizing:
-    """How many seeds one claim needs for a paired verdict, from the evidence, and what the grid gives it."""
-
-    claim: str
-    metric: str
-    evidence_metric: str
-    evidence_seeds: int
-    estimate: float  # A / B (ratio) or A - B (difference) in the evidence
-    sd: float  # of the per-seed paired differences on the comparison scale
-    needed: int | None  # verdicts.seeds_needed at the file's strictest Holm level (None: not within `cap`)
-    grid_seeds: int  # seeds the grid's cells of A and B share
-    status: str  # "sized" | "short" | "out of reach" | "no evidence"
-    confidence: float | None = None  # the sd's upper confidence bound sized from (None: the sample sd itself)
-    sd_sized: float = math.nan  # the sd the seeds were sized from: sd's `confidence` upper bound, or sd
-    bounds: tuple[float, float] = (-math.inf, math.inf)  # the test's bounds on the comparison scale
-    test: str = "decide"  # verdicts.SIZING_TESTS: "bound" for an at_most claim
-    mean: float = math.nan  # the evidence's mean difference on the comparison scale
-
-    def power(self, n: int, alpha: float) -> float:
-        """The power of the claim's test at n seeds with the evidence's mean and `sd_sized` as the truth."""
-        from dfbench.benchmark.report import verdicts as V
-
-        return V.sizing_power(n, self.mean, self.sd_sized, self.bounds, alpha, self.test)  # type: ignore[arg-type]
-
-
 def size_seeds(claims_file: str | Path, evidence: str | Path, cells: Sequence[Cell], *,
-               evidence_metrics: dict[str, str] | None = None, cap: int = SEED_CAP,
-               confidence: float | None = SIZING_CONFIDENCE) -> list[Sizing]:
-    """Per claim of `claims_file`: the seeds a paired verdict needs with power 0.8 at the spread of the same
-    contrast in `evidence` (a runs.csv), at alpha / (number of claims) -- the strictest Holm level of the
-    file -- and the seeds `cells` give it (shared by A and B). The sizing is `verdicts.seeds_needed`: the
-    evidence's sd at its one-sided `confidence` upper bound over the evidence's seeds (None: the sample sd, as
-    studies sized before that rule were)."""
-    import pandas as pd
-
-    from dfbench.benchmark.metrics import table
-    from dfbench.benchmark.report import claims as C
-    from dfbench.benchmark.report import verdicts as V
-
-    mapping = EVIDENCE_METRICS if evidence_metrics is None else evidence_metrics
-    claims = C.load_claims(claims_file)
-    runs = pd.read_csv(evidence)
-    alpha = V.ALPHA / len(claims)
-    out = []
-    for claim in claims:
-        metric = claim.metric or table.PRIMARY[0]
-        ev_metric = mapping.get(metric, metric)
-        a_cells, b_cells = matching.cells_of(cells, claim.a, claim.where), matching.cells_of(cells, claim.b, claim.where)
-        grid_seeds = len({c.cfg.seed for c in a_cells} & {c.cfg.seed for c in b_cells})
-        ev_where = {k: v for k, v in claim.where.items() if k not in EVIDENCE_FREE_KEYS}
-        rows_a, rows_b = (C.select(runs, spec, ev_where) for spec in (claim.a, claim.b))
-        if ev_metric not in runs or rows_a.empty or rows_b.empty:
-            out.append(Sizing(claim.id, metric, ev_metric, 0, math.nan, math.nan, None, grid_seeds, "no evidence"))
-            continue
-        va = dict(zip(rows_a["seed"], rows_a[ev_metric]))
-        vb = dict(zip(rows_b["seed"], rows_b[ev_metric]))
-        seeds = sorted(s for s in set(va) & set(vb) if np.isfinite(va[s]) and np.isfinite(vb[s]))
-        scale = table.scale(ev_metric)
-        d = V.transform([va[s] for s in seeds], scale) - V.transform([vb[s] for s in seeds], scale)
-        mean, sd = float(d.mean()), float(d.std(ddof=1)) if len(d) > 1 else math.nan
-        if claim.expect == "at_most":  # the report's own test: one-sided against the bound
-            test, bounds = "bound", (-math.inf, math.log(claim.bound or 1.0))
-        else:
-            test, bounds = "decide", V.equivalence_bounds(scale, claim.margin, float(np.mean([vb[s] for s in seeds])))
-        needed = V.seeds_needed(mean, sd, len(seeds), bounds, alpha, test=test, confidence=confidence)
-        if needed is None or needed > cap:
-            status = "out of reach"
-        else:
-            status = "sized" if grid_seeds >= needed else "short"
-        sd_sized = sd if confidence is None else V.sd_upper_bound(sd, len(seeds), confidence)
-        out.append(Sizing(claim.id, metric, ev_metric, len(seeds), V.back(mean, scale), sd, needed, grid_seeds, status,
-                          confidence, sd_sized, bounds, test, mean))
-    return out
-
-
-def seeds_per_setting(sizing: Sequence[Sizing], claims_file: str | Path, *, minimum: int = MIN_SEEDS,
-                      cap: int = SEED_CAP) -> dict[str, int]:
-    """The seeds each setting of the claims gets: the most any of its claims within reach needs, at least
-    `minimum` (the rule the study's grid follows)."""
-    from dfbench.benchmark.report import claims as C
-
-    need = {s.claim: s.needed for s in sizing}
-    out: dict[str, int] = {}
-    for claim in C.load_claims(claims_file):
-        n = need.get(claim.id)
-        for spec in (claim.a, claim.b):
-            out[spec] = max(out.get(spec, minimum), n if n is not None and n <= cap else minimum)
-    return out
+               evidence_metrics: dict[str, str] | None = None, **options: Any) -> list[Sizing]:
+    """`api.size_seeds` with this study's stand-in metrics (`EVIDENCE_METRICS`: Fashion-MNIST's for CIFAR-10's)."""
+    return api_size_seeds(claims_file, evidence, cells,
+                          evidence_metrics=EVIDENCE_METRICS if evidence_metrics is None else evidence_metrics, **options)
 
 
 # -- loading the grid, whatever this checkout knows ---------------------------------------------------
@@ -740,7 +651,7 @@ def render_plan(plan: StudyPlan, model: str, stand_in: str | None) -> str:
     word = "measured" if t.measured else "ESTIMATED (not measured here)"
     lines.append(f"  => {plan.hours:.1f} GPU-hours on one {t.device}, {word}")
     if not t.measured:
-        lines.append(f"     measure it: on the GPU machine `python -m dfbench.benchmark.studies.gpu_plan {plan.source or plan.grid} --dry-run` "
+        lines.append(f"     measure it: on the GPU machine `python results/cifar10-gpu/gpu_plan.py {plan.source or plan.grid} --dry-run` "
                      f"(`make bench-{plan.grid}-plan`) times this grid's own network there; `--save FILE` keeps the "
                      "figures for a later `--throughput FILE`; `make gpu-check` checks the machine as a whole")
         if model != STATED_MODEL:
@@ -791,7 +702,7 @@ def render(grid: Grid, checks: Sequence[Check], plan: StudyPlan, model: str, sta
 # -- command line -----------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.gpu_plan", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python results/cifar10-gpu/gpu_plan.py", description=__doc__.split("\n\n")[0])
     p.add_argument("grid", help="a study's grid file (e.g. results/cifar10-gpu/cifar10-gpu.toml) or a shipped grid's name")
     p.add_argument("--device", default="cuda", help="the device the study runs on (default cuda)")
     p.add_argument("--dry-run", action="store_true", help="print the preflight and plan and exit 0 whatever is missing")

@@ -1,6 +1,6 @@
 """Re-decide a committed study's claims and refresh the generated blocks of its README, without run folders.
 
-    python -m dfbench.benchmark.studies.claims results/paper-fmnist
+    python scripts/claims.py results/paper-fmnist
 
 reads ``results/paper-fmnist/runs.csv`` (written by `dfbench report`), decides the claims of the file
 that ``claims.md`` names (or ``--claims FILE``), rewrites claims.md / claims.csv and the README's claims
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dfbench.benchmark.report import claims as C
-from dfbench.benchmark.report.preregistration import REGISTRATION_SAID
+from dfbench.benchmark.api import REGISTRATION_SAID, primary_metric
+from dfbench.benchmark.api import claims as C
 
 INCLUDE = re.compile(r"<!-- include: (?P<name>[^ >]+) -->\n(?P<body>.*?)<!-- include: end -->", re.S)
 SOURCE = re.compile(r"^From `(?P<path>[^`]+)`\.", re.M)
@@ -40,7 +40,7 @@ def claims_file_of(study: Path) -> Path | None:
     if not found:
         return None
     path = Path(found["path"])  # written relative to the repository root (the make targets run there)
-    return path if path.is_absolute() else Path(__file__).resolve().parents[2] / path
+    return path if path.is_absolute() else Path(__file__).resolve().parents[1] / path
 
 
 def read_runs(study: Path) -> pd.DataFrame:
@@ -83,8 +83,6 @@ def _recorded_notes(claims_md: Path, notes: list[str]) -> list[str]:
 
 def _primary(runs: pd.DataFrame) -> str | None:
     """The report's ranking metric among runs.csv's metric columns."""
-    from dfbench.benchmark.report.frames import primary_metric
-
     return primary_metric(c for c in runs.columns if not c.startswith(("param.", "cfg.")) and "__" not in c)
 
 
@@ -130,7 +128,7 @@ def refresh(readme: Path, claims_file: Path | None = None) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dfbench.benchmark.studies.claims", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python scripts/claims.py", description=__doc__.split("\n\n")[0])
     p.add_argument("study", help="a study's results folder (with runs.csv and README.md), e.g. results/paper-fmnist")
     p.add_argument("--claims", metavar="FILE", help="the claims file (default: the one claims.md names)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each README block that is stale")

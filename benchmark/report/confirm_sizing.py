@@ -1,5 +1,6 @@
 """How many fresh seeds a confirmatory study's claims get, from the spread of the exploratory studies they re-decide
-(issue 54, item 6): the rules behind results/confirmatory/sizing.py and results/confirmatory-2/sizing.py.
+(issue 54, item 6): the rules behind results/confirmatory/sizing.py, results/confirmatory-2/sizing.py and
+results/confirmatory-3/sizing.py, which declare their `Study` and call `main` (through dfbench.benchmark.api).
 
 A confirmatory study (`Study`) re-decides claims that earlier studies decided exploratorily. Before any number, the
 checks that make the re-run confirmatory of *those* claims:
@@ -15,8 +16,8 @@ Then the sizing: per claim, the paired log-ratio A / B of its metric over the so
 and the seeds at which the report's own test of the claim reaches power 0.8 with that mean taken as the truth and
 the sd at its one-sided 80 % upper confidence bound over the source's seeds (`Study.confidence`; a few exploratory
 seeds underestimate the spread: 2-13x in confirmatory-2), at Holm's strictest level over the study's claims
-(alpha = 0.05 / claims): `gpu_plan.size_seeds`, i.e. `verdicts.seeds_needed` (a one-sided t-test against the
-bound for `at_most`, the difference or equivalence test otherwise), at least `gpu_plan.MIN_SEEDS`. confirmatory
+(alpha = 0.05 / claims): `sizing.size_seeds`, i.e. `verdicts.seeds_needed` (a one-sided t-test against the
+bound for `at_most`, the difference or equivalence test otherwise), at least `sizing.MIN_SEEDS`. confirmatory
 and confirmatory-2 were sized at the sample sd, before that rule, and keep it to reproduce their tables. Claims that share a setting (the server optimizers' common FedAvg) form
 a *block* whose settings all run on the same seeds (issue 54: "all settings on the same seeds"): the block gets
 the largest need of its claims within reach (a claim out of reach does not drive it). A seed of a block costs the
@@ -39,8 +40,8 @@ import pandas as pd
 from dfbench.benchmark.grid import matching
 from dfbench.benchmark.grid.spec import Cell, load_grid
 from dfbench.benchmark.report import claims as C
+from dfbench.benchmark.report import sizing
 from dfbench.benchmark.report import verdicts as V
-from dfbench.benchmark.studies import gpu_plan
 
 CHECKS = ("fd_fmnist_ae", "denoise_loss")  # the independent metrics, shown for information
 
@@ -164,9 +165,9 @@ def seed_seconds(study: Study, block: Sequence[C.Claim]) -> float:
     return total
 
 
-def power_at(n: int, sizing: gpu_plan.Sizing, claim: C.Claim, alpha: float) -> float:
-    """The power at n seeds of the test that sizes the claim, at the sd it was sized from (`gpu_plan.Sizing.power`)."""
-    return sizing.power(n, alpha)
+def power_at(n: int, sized: sizing.Sizing, claim: C.Claim, alpha: float) -> float:
+    """The power at n seeds of the test that sizes the claim, at the sd it was sized from (`sizing.Sizing.power`)."""
+    return sized.power(n, alpha)
 
 
 def seeds_used(needed: Mapping[int, int], cost: Mapping[int, float], budget_s: float, workers: int) -> dict[int, int]:
@@ -175,12 +176,12 @@ def seeds_used(needed: Mapping[int, int], cost: Mapping[int, float], budget_s: f
     used = dict(needed)
     cut: set[int] = set()
     while sum(used[b] * cost[b] for b in used) / workers > budget_s:
-        left = [b for b in used if b not in cut and used[b] > gpu_plan.MIN_SEEDS]
+        left = [b for b in used if b not in cut and used[b] > sizing.MIN_SEEDS]
         if not left:
             break
         largest = max(left, key=lambda b: used[b])
         rest = sum(used[b] * cost[b] for b in used if b != largest)
-        used[largest] = max(gpu_plan.MIN_SEEDS, int((budget_s * workers - rest) // cost[largest]))
+        used[largest] = max(sizing.MIN_SEEDS, int((budget_s * workers - rest) // cost[largest]))
         cut.add(largest)
     return used
 
@@ -197,9 +198,9 @@ def main(study: Study, script: str) -> int:
         name, _ = study.sources[claim.id]
         evidence = study.results / name / "runs.csv"
 
-        def sized(metric: str | None = None, claim: C.Claim = claim, evidence: Path = evidence) -> gpu_plan.Sizing:
+        def sized(metric: str | None = None, claim: C.Claim = claim, evidence: Path = evidence) -> sizing.Sizing:
             mapping = {} if metric is None else {claim.metric or "": metric}
-            row = {s.claim: s for s in gpu_plan.size_seeds(study.claims, evidence, cells, evidence_metrics=mapping,
+            row = {s.claim: s for s in sizing.size_seeds(study.claims, evidence, cells, evidence_metrics=mapping,
                                                             cap=V.MAX_SEEDS, confidence=study.confidence)}[claim.id]
             if row.status == "no evidence" and metric is None:
                 raise SystemExit(f"{claim.id}: {evidence} has no paired runs of {claim.a} and {claim.b}")
@@ -208,7 +209,7 @@ def main(study: Study, script: str) -> int:
         rows[claim.id] = sized()
         within[claim.id] = rows[claim.id].needed is not None and rows[claim.id].needed <= V.MAX_SEEDS
         extra[claim.id] = [sized(m) for m in CHECKS]
-    needed = {i: max([gpu_plan.MIN_SEEDS] + [rows[c.id].needed for c in b if within[c.id]]) for i, b in enumerate(groups)}
+    needed = {i: max([sizing.MIN_SEEDS] + [rows[c.id].needed for c in b if within[c.id]]) for i, b in enumerate(groups)}
     cost = {i: seed_seconds(study, b) for i, b in enumerate(groups)}
     used = seeds_used(needed, cost, study.budget_s, study.workers)
     at = {c.id: used[i] for i, b in enumerate(groups) for c in b}
@@ -216,7 +217,7 @@ def main(study: Study, script: str) -> int:
     bound = study.confidence is not None
     print(f"Sizing ({script}): paired log-ratio A / B of each claim's metric in its exploratory study's runs.csv; seeds "
           f"for power {V.POWER} at alpha 0.05/{len(claims)} = {alpha:.4f} (Holm's first step), at least "
-          f"{gpu_plan.MIN_SEEDS}" + (f"; the sd taken at its one-sided {study.confidence:.0%} upper confidence bound "
+          f"{sizing.MIN_SEEDS}" + (f"; the sd taken at its one-sided {study.confidence:.0%} upper confidence bound "
                                      "(chi-square, over the source's seeds), not the sample sd" if bound else ""))
     shared = len(groups) < len(claims)
     print("| claim | source (its seeds) | metric | mean log-ratio (ratio) | sd |" + (" sd sized from |" if bound else "")
