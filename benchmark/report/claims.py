@@ -294,6 +294,17 @@ def _budget(sides: Sequence[pd.DataFrame], claim: Claim) -> str:
     return B.compare(sides)
 
 
+def _barely_trained(runs: pd.DataFrame, reference: pd.DataFrame, claim: Claim, metric: str | None) -> str:
+    """`budget.barely_trained` for the claim's reference B against the untrained runs of its dataset and partition."""
+    if "untrained" in (claim.a, claim.b) or "baseline" not in runs:
+        return ""
+    floors = runs[runs["baseline"].astype(str).str.lower() == "true"]
+    for key in ("dataset", "partition"):
+        if key in floors and key in reference and len(reference):
+            floors = floors[floors[key].astype(str) == str(reference[key].iloc[0])]
+    return B.barely_trained(reference, floors, metric)
+
+
 def decide(runs: pd.DataFrame, claims: Sequence[Claim], default_metric: str | None = None,
            alpha: float = V.ALPHA) -> pd.DataFrame:
     """One row per claim (`COLUMNS`): the paired estimate, its interval, the Holm-corrected verdict, the same
@@ -314,7 +325,7 @@ def decide(runs: pd.DataFrame, claims: Sequence[Claim], default_metric: str | No
         i = len(rows) - 1
         sides = [select(runs, spec, claim.where) for spec in (claim.a, claim.b)]
         if all(not s.empty for s in sides):
-            row["budget"] = _budget(sides, claim)
+            row["budget"] = _budget(sides, claim) + _barely_trained(runs, sides[1], claim, metric)
         if metric is None or metric not in runs:
             row.update(verdict="no data", outcome="undecided", note=f"no run records {metric}")
             continue

@@ -591,12 +591,16 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, prima
     "agree" when every metric decides it the same way, "metric-dependent" when only some decide it or their
     estimates point different ways, "undecided" when none decides it, "not tested (one seed)" on a single paired
     seed; and the budget of the two settings
-    (`budget.compare`)."""
+    (`budget.compare`), flagged when the reference is barely trained against the block's untrained model
+    (`budget.barely_trained`)."""
     per_metric: dict[str, dict[str, Mapping[str, Any]]] = {}
     for m in checks:
         found_m, scale = _block_verdicts(block, runs, m, reference, names, margin)
         per_metric[m] = {k: {**v, "_scale": scale} for k, v in found_m.items()}
     out: dict[str, dict[str, str]] = {}
+    # the block's untrained models (never an anchor): a contrast whose reference is barely trained is flagged
+    floors = block[block["baseline"].astype(bool) & ~block["method"].astype(str).map(lambda m: bool(anchor_role(m)))]
+    untrained = runs[runs["group_key"].isin(floors["group_key"])]
     for key, row in found.items():
         verdict, ref = row.get("verdict"), row.get("reference")
         if verdict not in DECIDED + ("inconclusive", "undecidable") or not ref or ref == key:
@@ -627,7 +631,8 @@ def _across_metrics(block: pd.DataFrame, runs: pd.DataFrame, primary: str, prima
             agree = "undecided"
         sides = [runs[runs["group_key"] == k] for k in (key, ref)]
         out[key] = {"other_metrics": "; ".join(said), "metrics_agree": agree,
-                    "budget": budget_rule.compare(sides) if all(len(s) for s in sides) else ""}
+                    "budget": (budget_rule.compare(sides) + budget_rule.barely_trained(sides[1], untrained, primary)
+                               if all(len(s) for s in sides) else "")}
     return out
 
 

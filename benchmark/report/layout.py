@@ -39,6 +39,7 @@ from dfbench.benchmark.report.formatting import (
     _fmt_reach, _fmt_seconds, block_notes, block_title, blocks, fmt_metric, fmt_number,
     interval_sentence, rank_text, safe_name,
 )
+from dfbench.benchmark.report.budget import BARELY
 from dfbench.benchmark.report.frames import ONE_SEED
 from dfbench.benchmark.report.names import anchor_role, hyperparameters, is_baseline, reference_method, setting_names, setting_parts
 from dfbench.benchmark.report.names import shown as _shown
@@ -419,6 +420,8 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
                 text += " · metric-dependent"  # the independent checks do not all agree (the table below)
             if text and _cell(r, "budget").startswith("unequal"):
                 text += " · unequal budget"
+            if text and BARELY in _cell(r, "budget"):
+                text += f" · {BARELY}"  # the reference is above budget.BARELY_TRAINED of the untrained model's score
             return text
         lead.append(column(f"vs {reference_label} (paired)", verdict_cell, verdict_cell, False))
     if flags_shown:

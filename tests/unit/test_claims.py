@@ -26,7 +26,7 @@ def _runs() -> pd.DataFrame:
     base = [150.0, 120.0, 160.0, 140.0]
     for seed, b in enumerate(base):
         for method, keep, factor, baseline in [("fedavg", None, 1.0, False), ("topk_prune", 0.5, 1.5, False),
-                                               ("random_prune", 0.5, 1.5 / 0.8, False), ("fedavg", None, 6.0, True)]:
+                                               ("random_prune", 0.5, 1.5 / 0.8, False), ("fedavg", None, 9.0, True)]:
             jitter = 1 + 0.01 * ((seed * 7 + len(method) + 2 * baseline) % 3 - 1)
             rows.append({"dataset": "fmnist", "partition": "dirichlet:0.5", "method": method, "baseline": baseline,
                          "setting": ("untrained " if baseline else "") + method + (f" [keep_ratio={keep}]" if keep else ""),
@@ -601,3 +601,13 @@ def test_the_registration_summary_names_the_confirmatory_and_the_exploratory_cla
     assert "all 3 claims are confirmatory" in C.registration_summary(table(["confirmatory"] * 3))
     unchecked = C.registration_summary(table(["confirmatory", "unchecked (a shallow clone)"]))
     assert unchecked.endswith("1 of 2 confirmatory (c0); 1 unchecked (c1).")
+
+
+def test_a_claim_whose_reference_is_barely_trained_says_so_in_its_budget(tmp_path):
+    # prepare: the untrained model only 5x worse than FedAvg, so random masks (x1.875 of FedAvg) sit at 0.375 of it
+    runs = _runs()
+    runs.loc[runs["baseline"], "fd_fmnist"] *= 5.0 / 9.0
+    table = C.decide(runs, C.load_claims(_claims(tmp_path, GOOD)), "fd_fmnist").set_index("id")
+    # assert: C1's reference (random masks) is flagged with its share; the claim against the untrained model is not
+    assert table.loc["C1", "budget"].startswith("equal · reference barely trained (B at 0.3")
+    assert "barely" not in table.loc["trained", "budget"]

@@ -32,3 +32,20 @@ def test_a_side_still_improving_at_the_cap_makes_the_contrast_at_budget_not_conv
 def test_settings_without_the_rule_read_as_before():
     a, b = _side(None, [], [64.0]), _side(None, [], [64.0])
     assert budget.compare([a, b]) == "equal" and budget.convergence([a, b]) == ""
+
+
+def test_a_barely_trained_reference_is_flagged_against_the_untrained_model():
+    # prepare: the reference's fd_fmnist over its seeds, and the untrained model's (lower is better)
+    untrained = pd.DataFrame({"fd_fmnist": [880.0, 900.0]})
+    blobs = pd.DataFrame({"fd_fmnist": [372.0, 372.0]})  # 372 / 890 = 0.418 of the untrained score
+    trained = pd.DataFrame({"fd_fmnist": [150.0, 200.0]})  # 175 / 890 = 0.197
+    # assert: flagged above the stated fraction, with the share it measured; not below it
+    assert budget.BARELY_TRAINED == 0.25
+    assert budget.barely_trained(blobs, untrained, "fd_fmnist") == (
+        " · reference barely trained (B at 0.42 of the untrained model's fd_fmnist; flagged above 0.25)")
+    assert budget.barely_trained(trained, untrained, "fd_fmnist") == ""
+    # nothing to say without an untrained run, on a metric where higher is better, or one the runs lack
+    assert budget.barely_trained(blobs, untrained.iloc[:0], "fd_fmnist") == ""
+    assert budget.barely_trained(pd.DataFrame({"precision_fmnist": [0.1]}), pd.DataFrame({"precision_fmnist": [0.0]}),
+                                 "precision_fmnist") == ""
+    assert budget.barely_trained(blobs, untrained, "score_kl") == ""
