@@ -201,7 +201,7 @@ bench-confirmatory-2-followup: $(VENV)/.installed ## exploratory follow-up of co
 	$(BIN)/dfbench report --runs results/confirmatory-2/followup/runs --out results/confirmatory-2/followup && \
 	$(BIN)/python results/confirmatory-2/followup/followup.py && exit $$status
 
-bench-confirmatory-3: $(VENV)/.installed ## issue 54's confirmatory re-run of Qiao et al.'s top-k vs random masks at keep 0.75 (seeds 701-719) and 0.25 (701-705), paper-fmnist's cells, claims pre-registered; 48 cells (~85 min on 2 cores), results in results/confirmatory-3/
+bench-confirmatory-3: $(VENV)/.installed ## issue 54's confirmatory re-run of Qiao et al.'s top-k vs random masks at keep 0.75 (seeds 701-711) and 0.25 (701-710), sized from the upper bound of the pilot spread, paper-fmnist's cells, claims pre-registered; 42 cells (~85 min on 2 cores), results in results/confirmatory-3/
 	@# one torch thread per worker, as for the exploratory runs; the report checks that every run started after the
 	@# claims file's last commit and exits 1 if not
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/confirmatory-3/confirmatory-3.toml --download --workers $(CPU_WORKERS) --out results/confirmatory-3/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
