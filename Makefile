@@ -69,10 +69,10 @@ gt-demo: $(VENV)/.installed ## the ground-truth track's demo: every method famil
 	$(BIN)/dfbench report --runs results/gt-demo/runs --out results/gt-demo && exit $$status
 
 # issue 60 item 5: which image metric orders models as the exact error does (results/proxy-validity/README.md)
-bench-proxy-validity: $(VENV)/.installed data-fmnist ## the proxy-validity study: every image proxy beside the exact error on gmm:fmnist28 (47 cells, ~30 min on 2 cores), its claims decided, page in results/proxy-validity/
+bench-proxy-validity: $(VENV)/.installed data-fmnist ## the proxy-validity study: every image proxy beside the exact error on gmm:fmnist28 (47 cells; 67 min on 2 cores shared with other work), its claims decided, page in results/proxy-validity/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/proxy-validity/proxy-validity.toml --workers $(CPU_WORKERS) --out results/proxy-validity/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/proxy-validity/runs --out results/proxy-validity && \
-	$(BIN)/python results/proxy-validity/analyze.py && exit $$status
+	$(BIN)/python results/proxy-validity/analyze.py && $(BIN)/python results/proxy-validity/kid_norm.py && exit $$status
 
 # Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
 # path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.

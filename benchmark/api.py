@@ -59,7 +59,7 @@ from dfbench.benchmark.report.frames import (CONFIG_DEFAULTS as CONFIG_DEFAULTS,
 from dfbench.benchmark.report.names import is_baseline as is_baseline, setting_names as setting_names
 from dfbench.benchmark.report.confirm_sizing import Study as ConfirmatoryStudy, main as size_confirmatory_study
 from dfbench.benchmark.report.paired import paired_table as paired_table, write as write_paired_table
-from dfbench.benchmark.report.preregistration import REGISTRATION_SAID as REGISTRATION_SAID
+from dfbench.benchmark.report.preregistration import REGISTRATION_SAID as REGISTRATION_SAID, check_preregistration as check_preregistration
 from dfbench.benchmark.report.sizing import (MIN_SEEDS as MIN_SEEDS, SEED_CAP as SEED_CAP, Sizing as Sizing,
                                              seeds_per_setting as seeds_per_setting, size_seeds as size_seeds)
 from dfbench.benchmark.report.speed import (run_speeds as run_speeds, speeds as speeds, summarize as speed_table,

@@ -5,7 +5,7 @@ pre-registered rules of claims.toml (after checking, from git, that every run st
 and writes, all generated from the runs (nothing retyped):
   models.csv          one row per model: its setting, the truths and every proxy
   agreement.csv       per proxy, truth and pair set: pairs, agreement with its 95 % bootstrap interval, Kendall tau
-  claims.md           the pre-registration line and each claim's value, interval and verdict
+  proxy_claims.md     the pre-registration line and each claim's value, interval and verdict
   agreement.md        the tables the README quotes (agreement, anchors)
   proxy_vs_exact.png  every proxy against score_kl, one panel each
 
@@ -26,9 +26,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from dfbench.benchmark.api import load_runs  # noqa: E402
-from dfbench.benchmark.metrics import table  # noqa: E402
-from dfbench.benchmark.report.claims import check_preregistration  # noqa: E402
+from dfbench.benchmark.api import check_preregistration, load_runs  # noqa: E402
+from dfbench.benchmark.api import metric_table as table  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ANCHORS = {"exact_score": "floor (exact score)", "untrained": "ceiling (untrained)"}
@@ -135,30 +134,35 @@ def md_table(frame: pd.DataFrame, floats: str = "{:.3f}") -> str:
 
 
 def plot(models: pd.DataFrame, truth: str, proxies: list[str], out: Path) -> None:
-    trained = models[models["role"] == "model"]
-    methods = sorted(trained["method"].unique())
+    from matplotlib.lines import Line2D
+
+    trained = models[models["role"] == "model"].assign(short=lambda f: f["method"].str.split(" [", regex=False).str[0])
+    methods = sorted(trained["short"].unique())
     colours = dict(zip(methods, plt.cm.tab10.colors))
     markers = {2: "o", 4: "s", 8: "^"}
     cols = 4
-    rows = -(-len(proxies) // cols)
+    rows = -(-(len(proxies) + 1) // cols)  # one panel more: the legend
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows))
+    floor = models[models["role"] == "exact_score"]
     for ax, proxy in zip(axes.flat, proxies):
-        for (method, rounds), g in trained.groupby(["method", "rounds"]):
-            ax.scatter(g[truth], g[proxy], c=[colours[method]], marker=markers.get(int(rounds), "x"), s=28,
-                       label=f"{method}, {rounds} rounds" if proxy == proxies[0] else None)
-        floor = models[models["role"] == "exact_score"]
+        for (method, rounds), g in trained.groupby(["short", "rounds"]):
+            ax.scatter(g[truth], g[proxy], c=[colours[method]], marker=markers.get(int(rounds), "x"), s=28)
         if len(floor) and np.isfinite(floor[proxy]).all():
-            ax.axhline(float(floor[proxy].iloc[0]), color="0.4", ls="--", lw=1, label="floor (exact score)" if proxy == proxies[0] else None)
+            ax.axhline(float(floor[proxy].iloc[0]), color="0.4", ls="--", lw=1)
         ax.set_xscale("log")
         if (trained[proxy] > 0).all() and table.better(proxy) == "lower":
             ax.set_yscale("log")
         ax.set_xlabel(f"{truth} (exact)")
         ax.set_ylabel(f"{proxy} ({table.better(proxy)} is better)")
-    for ax in list(axes.flat)[len(proxies):]:
+    rest = list(axes.flat)[len(proxies):]
+    for ax in rest:
         ax.axis("off")
-    fig.legend(loc="lower right", fontsize=7, ncol=2, bbox_to_anchor=(0.99, 0.02))
+    handles = ([Line2D([], [], ls="", marker="o", color=colours[m], label=m) for m in methods]
+               + [Line2D([], [], ls="", marker=mk, color="0.3", label=f"{r} rounds") for r, mk in markers.items()]
+               + [Line2D([], [], ls="--", color="0.4", label="floor (the exact score, sampled)")])
+    rest[0].legend(handles=handles, loc="center", fontsize=8, frameon=False)
     fig.suptitle(f"gmm:fmnist28: every image proxy against the exact score error, {len(trained)} models "
-                 "(5 methods x 2/4/8 rounds x 3 seeds; markers: rounds)", fontsize=10)
+                 "(5 methods x 2/4/8 rounds x 3 seeds; 400 samples each)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -188,19 +192,19 @@ def main() -> None:
     verdicts = decide(spec["claim"], frames[0], reps_by_truth[truths[0]], proxies)
     if prereg.failure:
         verdicts["verdict"] = "not decided (not pre-registered)"
-    claims_md = [f"# proxy-validity: claims ({len(trained)} models, {len(trained) * (len(trained) - 1) // 2} pairs)", "",
+    claims_md = [f"Claims of `claims.toml`, decided by analyze.py on {len(trained)} models "
+                 f"({len(trained) * (len(trained) - 1) // 2} pairs).", "",
                  prereg.line, "", md_table(verdicts), ""]
-    (HERE / "claims.md").write_text("\n".join(claims_md))
+    (HERE / "proxy_claims.md").write_text("\n".join(claims_md))
     shown = agreement.copy()
     shown["agreement"] = [f"{a:.3f} [{lo:.3f}, {hi:.3f}]" for a, lo, hi in zip(shown["agreement"], shown["ci_low"], shown["ci_high"])]
     shown = shown.drop(columns=["ci_low", "ci_high"])
     anchors = models[models["role"] != "model"][["role", *truths, *proxies]]
     ranges = trained[[*truths, *proxies]].agg(["min", "median", "max"]).T.reset_index().rename(columns={"index": "metric"})
-    text = ["# proxy-validity: agreement with the exact error", "",
-            "Generated by analyze.py from the runs (nothing retyped).", "",
-            "## Agreement of each proxy with the truth (95 % bootstrap interval over models)", "",
-            md_table(shown), "", "## The anchors (not paired)", "", md_table(anchors.reset_index(drop=True), "{:.4g}"), "",
-            "## Range over the trained models", "", md_table(ranges, "{:.4g}"), ""]
+    text = ["Generated by analyze.py from the runs (nothing retyped).", "",
+            "**Agreement of each proxy with each truth** (95 % bootstrap interval over models):", "",
+            md_table(shown), "", "**The anchors** (not paired):", "", md_table(anchors.reset_index(drop=True), "{:.4g}"), "",
+            "**Range over the trained models:**", "", md_table(ranges, "{:.4g}"), ""]
     (HERE / "agreement.md").write_text("\n".join(text))
     plot(models, truths[0], proxies, HERE / "proxy_vs_exact.png")
     print(prereg.line)

@@ -41,12 +41,13 @@ INTERNAL: dict[str, str] = {
     "results/gt-demo/scatter.py": "reads the runs' records and float samples (report.run_records)",
     "results/gt-demo/speed.py": "trains one cell per preset and times it (engine.lifecycle)",
     "results/gt-demo/width_scan.py": "trains the width scan's cells (engine.lifecycle)",
+    "results/proxy-validity/kid_norm.py": "recomputes KID from the classifier's features at equalised norms (metrics.features, "
+                                          "metrics.fid)",
     "results/metric-calibration/eval_cost.py": "times each part of a run's evaluation (engine)",
     "results/paper-fmnist/pruning_masks.py": "rebuilds pruning runs' final models and masks from their checkpoints (engine)",
     "results/paper-fmnist/rescore_inference.py": "rebuilds a pruning run's final model and samples it under other "
                                                  "inference rules (engine)",
     "results/perf/submodel_speed.py": "times one client's local training through each method's own plan (engine, perf)",
-    "results/proxy-validity/analyze.py": "the metric table and the pre-registration check, imported from their modules",
     "scripts/eval_precision.py": "scores a run's samples at several subset sizes (metrics' extractor and distance)",
     "scripts/gpu_check.py": "the GPU check drives the engine's step and model directly",
     "scripts/report_meta_from_markdown.py": "a one-off migration that writes report.json (report.layout)",
