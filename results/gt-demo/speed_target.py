@@ -22,9 +22,9 @@ import torch
 from dfbench.benchmark.api import make_config, run
 
 SETTINGS = [  # (label, overrides)
-    ("gmm:dim8, mlp, 100 clients", {"data.dataset": "gmm:dim8", "train.model": "mlp", "train.rounds": 512}),
+    ("gmm:dim8, mlp, 100 clients", {"data.dataset": "gmm:dim8", "train.model": "mlp", "train.rounds": 64}),
     ("gmm:dim8, mlp-tiny, 100 clients", {"data.dataset": "gmm:dim8", "train.model": "mlp-tiny", "train.rounds": 512}),
-    ("gmm:fmnist8, tiny UNet, 100 clients", {"data.dataset": "gmm:fmnist8", "train.model": "tiny", "train.rounds": 32}),
+    ("gmm:fmnist8, tiny UNet, 100 clients", {"data.dataset": "gmm:fmnist8", "train.model": "tiny", "train.rounds": 8}),
 ]
 COMMON = {"method": "fedavg", "seed": 98, "data.partition": "dirichlet:0.3", "data.clients": 100, "train.objective": "fm",
           "train.lr": 0.01, "train.local_steps": 10, "train.batch_size": 32, "train.ema": 0.9, "train.plateau": 0.05,
