@@ -360,6 +360,13 @@ class Method:
         self.config = config
 
     @classmethod
+    def resolve_config(cls, config: Any, run: "RunConfig") -> Any:
+        """The method's hyperparameters with any value that follows the run filled in (a default such as the
+        experts' objectives=auto, which is train.objective): called once when the config is resolved, before
+        `check`, so the run id and config.json hold what trains. The default returns `config` unchanged."""
+        return config
+
+    @classmethod
     def check(cls, config: Any, run: "RunConfig", world: int = 1) -> None:
         """Refuse a run this method cannot do: raise ValueError naming the key and the fix.
 

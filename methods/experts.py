@@ -38,6 +38,7 @@ the chance level (always answering the most frequent expert).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -75,9 +76,10 @@ def parse_mixing(spec: str) -> tuple[str, int]:
     raise ValueError(f"invalid value for 'method.mixing' of 'experts': {spec!r}; allowed: {MIXING_HELP}")
 
 
-def parse_objectives(spec: str, num_experts: int) -> list[str]:
-    """'fm' | 'ddpm' | 'alternate' (ddpm, fm, ddpm, ...) | a comma list of length num_experts."""
-    items = [s.strip() for s in spec.split(",")]
+def parse_objectives(spec: str, num_experts: int, objective: str = "fm") -> list[str]:
+    """'fm' | 'ddpm' | 'alternate' (ddpm, fm, ddpm, ...) | a comma list of length num_experts | 'auto': `objective`
+    (train.objective; a resolved config holds it already: `Experts.resolve_config`)."""
+    items = [s.strip() for s in (objective if spec.strip() == "auto" else spec).split(",")]
     allowed = f"ddpm, fm, alternate, or a comma list of ddpm/fm with one entry per expert ({num_experts})"
     if items == ["alternate"]:
         return [OBJECTIVES[e % 2] for e in range(num_experts)]
@@ -126,7 +128,9 @@ class Experts(Method):
     @dataclass(frozen=True)
     class Config:
         num_experts: int = 2  # 0 = one per cluster of a clusters:K partition
-        objectives: str = "fm"  # fm | ddpm | alternate | comma list, one per expert ("ddpm,fm,fm,fm")
+        # auto (train.objective for every expert, as every other method trains it) | fm | ddpm | alternate | a comma
+        # list, one per expert ("ddpm,fm,fm,fm"); auto is resolved with the config, so run ids hold fm or ddpm
+        objectives: str = "auto"
         mixing: str = "top1"  # full | top1 | topk:K | oracle
         router_steps: int = 300
         router_batch: int = 64
@@ -142,9 +146,10 @@ class Experts(Method):
             if mode == "topk" and self.num_experts and k > self.num_experts:
                 raise bad("mixing", self.mixing, MIXING_HELP.replace("num_experts", str(self.num_experts)))
             items = [s.strip() for s in self.objectives.split(",")]
-            if items != ["alternate"]:
+            if items not in (["alternate"], ["auto"]):
                 if any(s not in OBJECTIVES for s in items):
-                    raise bad("objectives", self.objectives, "ddpm, fm, alternate, or a comma list of ddpm/fm, one per expert")
+                    raise bad("objectives", self.objectives, "auto (train.objective), ddpm, fm, alternate, or a comma list of "
+                              "ddpm/fm, one per expert")
                 if self.num_experts and len(items) not in (1, self.num_experts):
                     raise bad("objectives", self.objectives, f"one value, or exactly num_experts={self.num_experts} values")
             if self.router_steps < 1:
@@ -177,13 +182,18 @@ class Experts(Method):
         # the number of experts from the spec alone (clusters:K gives K; the cluster ids themselves need the data)
         k, _ = assign_experts(config.num_experts, run.data.partition, np.zeros(run.data.clients, dtype=np.int64)
                               if spec.kind == "clusters" else None, run.data.clients)
-        if run.train.init_objective == "ddpm" and "ddpm" in parse_objectives(config.objectives, k):
+        if run.train.init_objective == "ddpm" and "ddpm" in parse_objectives(config.objectives, k, run.train.objective):
             raise ValueError(f"invalid value for 'method.objectives' of 'experts' with train.init_objective=ddpm: "
                              f"{config.objectives!r}; allowed: fm (every expert starts from the DDPM weights converted "
                              "to a velocity network; a DDPM expert would start from them as they are: train.init_objective='')")
         mode, topk = parse_mixing(config.mixing)
         if mode == "topk" and topk > k:
             raise ValueError(f"invalid value for 'method.mixing' of 'experts': {config.mixing!r}; allowed: {MIXING_HELP.replace('num_experts', str(k))}")
+
+    @classmethod
+    def resolve_config(cls, config: Any, run: "RunConfig") -> Any:
+        """objectives=auto: every expert trains train.objective, as every other method does."""
+        return dataclasses.replace(config, objectives=run.train.objective) if config.objectives == "auto" else config
 
     def client_groups(self, run: "RunConfig", cluster_of_client: np.ndarray | None) -> np.ndarray:
         """Each client's expert (its cluster under clusters:K, else client mod K)."""
@@ -197,7 +207,7 @@ class Experts(Method):
         cfg = self.config
         k, self.expert_of_client = assign_experts(cfg.num_experts, ctx.cfg.data.partition, ctx.partition.cluster_of_client,
                                                   ctx.num_clients)
-        self.objectives = parse_objectives(cfg.objectives, k)
+        self.objectives = parse_objectives(cfg.objectives, k, ctx.cfg.train.objective)
         return ServerState(params=params.detach().unsqueeze(0).repeat(k, 1), extra={"intra_expert_bits": 0})
 
     def client_view(self, state: ServerState, client: int, ctx: "MethodContext") -> ClientPlan:

@@ -48,6 +48,7 @@ def resolve(cfg: RunConfig, world: int = 1) -> RunConfig:
             f"0 under torchrun (here {world} ranks): the hierarchical driver runs in one process")
     try:
         config = methods.method_config(cfg.method, dict(cfg.method_params))
+        config = methods.get_method_class(cfg.method).resolve_config(config, cfg)  # values that follow the run
         resolved = replace(cfg, data=data, method_params=MethodParams(cfg.method, dataclasses.asdict(config)))
         # what the method cannot run (declared capabilities, its own check), refused here so `dfbench run`, the
         # API and every cell of `dfbench grid --dry-run` say it before any data is loaded

@@ -139,6 +139,9 @@ def _fmt_meta(value: Any) -> str:
     return str(value)
 
 
+MIXED = "(MIXED settings: not comparable)"  # a metric computed under different settings in one block
+
+
 def metric_provenance(evals: pd.DataFrame, group_keys: Iterable[str]) -> dict[str, str]:
     """metric -> how it was computed in this block (extractor, backend, samples, sampler, reference),
     "(MIXED settings: not comparable)" when the block's runs disagree."""
@@ -155,7 +158,7 @@ def metric_provenance(evals: pd.DataFrame, group_keys: Iterable[str]) -> dict[st
             mixed |= len(values) > 1  # (a single value may itself contain "/", e.g. reference=fmnist/train)
             if values:
                 parts.append(f"{col}={' | '.join(values)}")
-        out[metric] = (", ".join(parts) or "no metadata") + (" (MIXED settings: not comparable)" if mixed else "")
+        out[metric] = (", ".join(parts) or "no metadata") + (f" {MIXED}" if mixed else "")
     return out
 
 

@@ -40,6 +40,7 @@ from dfbench.benchmark.report.formatting import (
     interval_sentence, rank_text, safe_name,
 )
 from dfbench.benchmark.report.budget import BARELY
+from dfbench.benchmark.report.formatting import MIXED
 from dfbench.benchmark.report.frames import ONE_SEED
 from dfbench.benchmark.report.names import anchor_role, hyperparameters, is_baseline, reference_method, setting_names, setting_parts
 from dfbench.benchmark.report.names import shown as _shown
@@ -357,6 +358,17 @@ def _join(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def not_comparable_sentence(metric: str, prov: Mapping[str, str]) -> str:
+    """"NOT COMPARABLE: ..." when the block's `metric` was computed under different settings (`formatting.MIXED`:
+    another sampler, sample count, extractor or reference across its rows), said in the headline and above the main
+    table; "" otherwise."""
+    how = prov.get(metric, "")
+    if MIXED not in how:
+        return ""
+    return (f"NOT COMPARABLE: the rows' {metric} was computed under different settings "
+            f"({how.replace(MIXED, '').strip()}), so this ranking compares unlike things.")
+
+
 def _provenance_lines(prov: Mapping[str, str], metrics: Sequence[str]) -> list[str]:
     """Metrics that were computed the same way share one line."""
     grouped: dict[str, list[str]] = {}
@@ -515,6 +527,9 @@ def section(dataset: str, partition: str, block: pd.DataFrame, metrics: Sequence
     name = f"mosaic_{safe_name(dataset)}_{safe_name(partition)}"
     rules = ((f"Ranked by {primary}. " if primary else "")
              + (interval_sentence(block, primary, verdicts="rank_low" in block) if primary else ""))
+    if primary and (unlike := not_comparable_sentence(primary, prov)):  # where it is read, not only in the provenance
+        suffix += f" {unlike}"
+        rules = f"{unlike} {rules}"
     return Section(
         dataset=dataset, partition=partition, title=block_title(dataset, partition), anchor=safe_name(f"{dataset}-{partition}"),
         headline=_headline(block, primary, labels) + suffix, main=main, legend=legend, rules=rules.strip(),

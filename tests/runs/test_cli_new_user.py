@@ -209,3 +209,39 @@ def test_dry_run_resolves_model_auto_and_ends_with_the_run_folder(tmp_path, dfbe
     assert lines[-1] == str(folder)
     assert f"train.model: auto = {resolve_preset('auto', 'fmnist')}" in said and "not there yet" in lines[-2]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("objective", ["ddpm", "fm"])
+def test_experts_train_the_runs_objective_unless_told_otherwise(tmp_path, dfbench, monkeypatch, objective):
+    # before: `--method experts --set train.objective=ddpm` still recorded objectives fm (the experts' own default)
+    import json
+
+    _no_work(monkeypatch)
+    code, said, err = dfbench(["run", "--method", "experts", "--set", f"train.objective={objective}", "--dry-run",
+                               "--out", str(tmp_path)])
+    assert code == 0, err
+    config = json.loads(said[:said.rindex("}") + 1])
+    assert config["method_params"]["objectives"] == objective
+    # an explicit mixture of objectives is kept as asked (Heterogeneous DDM's DDPM and flow-matching experts)
+    code, said, err = dfbench(["run", "--method", "experts", "--set", f"train.objective={objective}", "--set",
+                               "method.objectives=ddpm,fm", "--dry-run", "--out", str(tmp_path)])
+    assert code == 0, err
+    assert json.loads(said[:said.rindex("}") + 1])["method_params"]["objectives"] == "ddpm,fm"
+
+
+def test_a_ranking_metric_computed_under_different_settings_is_said_in_the_headline_and_the_main_table():
+    # before: "(MIXED settings: not comparable)" sat only in the block's collapsed provenance section
+    import pandas as pd
+
+    from dfbench.benchmark.report import formatting, layout
+
+    evals = pd.DataFrame({"group_key": ["a", "b"], "metric": ["fd_fmnist"] * 2, "extractor": ["fmnist"] * 2,
+                          "extractor_sha256": ["x"] * 2, "backend": ["torch"] * 2, "num_samples": [400, 400],
+                          "sampler": ["ddim", "heun"], "sampler_steps": [8, 8], "reference": ["fmnist/train"] * 2,
+                          "resize": [None, None]})
+    prov = formatting.metric_provenance(evals, ["a", "b"])
+    assert prov["fd_fmnist"].endswith(formatting.MIXED) and "sampler=ddim | heun" in prov["fd_fmnist"]
+    same = formatting.metric_provenance(evals.assign(sampler="heun"), ["a", "b"])
+    assert formatting.MIXED not in same["fd_fmnist"]
+    assert "NOT COMPARABLE" in layout.not_comparable_sentence("fd_fmnist", prov)
+    assert layout.not_comparable_sentence("fd_fmnist", same) == ""

@@ -187,7 +187,7 @@ def test_clients_follow_the_clusters_of_a_cluster_partition(tiny_data):
     assert np.array_equal(m.expert_of_client, ctx.partition.cluster_of_client)
     for c in range(ctx.num_clients):
         plan = m.client_view(state, c, ctx)
-        assert plan.group == ctx.partition.cluster_of_client[c] and plan.downlink_bits == 0 and plan.step.objective == "fm"
+        assert plan.group == ctx.partition.cluster_of_client[c] and plan.downlink_bits == 0 and plan.step.objective == cfg.train.objective
     with pytest.raises(ValueError, match="method.num_experts.*allowed: 2 or 0"):
         methods.create_method("experts", num_experts=3).init_state(ctx.init_params, ctx)
     iid = build_context(tiny_config("experts"), data=tiny_data)

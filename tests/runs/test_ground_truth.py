@@ -120,6 +120,7 @@ def test_the_cli_lists_the_family_and_the_anchor(capsys):
     assert "gmm:dimD" in capsys.readouterr().out.replace("\n", " ").replace("  ", "")
 
 
+@pytest.mark.slow
 def test_the_fashion_mnist_proxies_score_the_fmnist28_mixture_against_its_quantized_draws(tmp_path):
     # prepare: the Fashion-MNIST-shaped mixture with a small test split; its draws as pixels, the way samples become images
     from dfbench.benchmark.metrics.features import get_extractor
