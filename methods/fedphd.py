@@ -331,7 +331,7 @@ class FedPhD(Method):
                              "channels and trains the pruned network at a narrower base width, which needs a width-aware "
                              f"network (benchmark/engine/model.py); use a built-in train.model ({', '.join(('auto', *presets.BUILTIN))}), "
                              "or method.prune_ratio=0")
-        model = run.train.model if run.train.model != "auto" else (presets.auto_by_name(run.data.dataset) or "auto")
+        model = presets.resolve_name(run.train.model, run.data.dataset)
         if config.prune_ratio > 0 and presets.family(model) == "mlp":
             raise ValueError(f"method 'fedphd' cannot prune train.model={model} (an MLP): it traces the UNet's channel "
                              "spaces (convolutions, skips, norm groups) to choose the channels it keeps; use a built-in "

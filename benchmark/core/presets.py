@@ -173,6 +173,20 @@ def auto_by_name(dataset: str) -> str | None:
     return None
 
 
+def resolve_name(name: str, dataset: str) -> str:
+    """train.model with "auto" resolved: by the dataset's name where it says (`auto_by_name`: no data read), else
+    by its samples' shape (`auto_preset`; data users bring is read to answer)."""
+    if name != "auto":
+        return name
+    named = auto_by_name(dataset)
+    if named is not None:
+        return named
+    from dfbench.datasets import data_info  # layer 0: read only for data whose name does not say
+
+    info = data_info(dataset)
+    return auto_preset(dataset, int(info["channels"]), tuple(int(v) for v in info["image_shape"]))
+
+
 def auto_preset(dataset: str, channels: int, image_shape: tuple[int, ...] | None = None) -> str:
     """The preset train.model=auto resolves to: by the dataset's name where it says (`auto_by_name`); else by its
     samples (data users bring): vectors (a side of 1 in `image_shape` (C, H, W)) -> the MLP, grey images ->

@@ -27,17 +27,9 @@ from dfbench.benchmark.core.presets import MLPSpec, UNetSpec
 
 
 def resolve_preset(name: str, dataset: str) -> str:
-    """train.model with "auto" resolved (`presets.auto_preset`: by the dataset's name where it says -- a built-in
+    """train.model with "auto" resolved (`presets.resolve_name`: by the dataset's name where it says -- a built-in
     dataset, a gmm: mixture --, else by its samples: vectors -> the MLP, grey or RGB images -> a UNet)."""
-    if name != "auto":
-        return name
-    named = presets.auto_by_name(dataset)
-    if named is not None:
-        return named
-    from dfbench.datasets import data_info
-
-    info = data_info(dataset)
-    return presets.auto_preset(dataset, int(info["channels"]), tuple(int(v) for v in info["image_shape"]))
+    return presets.resolve_name(name, dataset)
 
 
 def _groups(ch: int) -> int:
