@@ -236,15 +236,25 @@ def _history(path: Path) -> list[_Version]:
 Definition = tuple[Any, ...]
 
 
-def _definition(a: Any, b: Any, expect: Any, metric: Any, bound: Any, margin: Any, where: Any) -> Definition:
+def claim_sides(frame: pd.DataFrame, claim: Claim, select: Select) -> list[pd.DataFrame]:
+    """A claim's A and B runs in `frame`: each side's spec under `where` and its own `a_where` / `b_where`."""
+    return [select(frame, spec, {**claim.where, **extra}) for spec, extra in ((claim.a, claim.a_where), (claim.b, claim.b_where))]
+
+
+def _definition(a: Any, b: Any, expect: Any, metric: Any, bound: Any, margin: Any, where: Any,
+                a_where: Any = None, b_where: Any = None, treatment: Any = None) -> Definition:
     """What a claim says, as compared between versions of its file: a later change of any of it is a new claim."""
     number = (lambda x: float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x)
-    places = tuple(sorted((str(k), str(v)) for k, v in where.items())) if isinstance(where, Mapping) else ()
+    places = tuple(sorted((prefix + str(k), str(v)) for prefix, w in (("", where), ("a:", a_where), ("b:", b_where))
+                          if isinstance(w, Mapping) for k, v in w.items()))
+    if treatment:  # kept out when absent, so the claims written before the key define as they did
+        places = (*places, ("treatment", ",".join(sorted(map(str, treatment)))))
     return (str(a), str(b), str(expect), str(metric), number(bound), number(margin) if expect == "equivalent" else None, places)
 
 
 def _claim_definition(claim: Claim, ranking: str | None) -> Definition:
-    return _definition(claim.a, claim.b, claim.expect, claim.metric or ranking, claim.bound, claim.margin, claim.where)
+    return _definition(claim.a, claim.b, claim.expect, claim.metric or ranking, claim.bound, claim.margin, claim.where,
+                       claim.a_where, claim.b_where, claim.treatment)
 
 
 def _definitions(text: str | None, ranking: str | None) -> dict[str, Definition]:
@@ -258,7 +268,8 @@ def _definitions(text: str | None, ranking: str | None) -> dict[str, Definition]
         if isinstance(c, dict) and "id" in c:
             metric = c.get("metric", spec.get("metric")) or ranking
             out[str(c["id"])] = _definition(c.get("a"), c.get("b"), c.get("expect"), metric, c.get("bound"),
-                                            c.get("margin", spec.get("margin", V.MARGIN)), c.get("where", {}))
+                                            c.get("margin", spec.get("margin", V.MARGIN)), c.get("where", {}),
+                                            c.get("a_where"), c.get("b_where"), c.get("treatment"))
     return out
 
 
@@ -316,7 +327,7 @@ def registration(claims_file: str | Path, claims: Sequence[Claim], runs: pd.Data
         reasons: list[str] = []
         if budget.get(claim.id, "").startswith(UNEQUAL) and not claim.confound:
             reasons.append("unequal budget")
-        sides = [select(runs, spec, claim.where) for spec in (claim.a, claim.b)]
+        sides = claim_sides(runs, claim, select)
         if any(s.empty for s in sides):
             cells[claim.id] = "exploratory (" + "; ".join(reasons) + ")" if reasons else "unchecked (no runs yet)"
             continue
@@ -402,7 +413,7 @@ def _shown_before(tables: Sequence[tuple[str, _Version]], claim: Claim, register
 def _sides_in(frame: pd.DataFrame, claim: Claim, select: Select) -> set[str] | None:
     """The seeds A and B share in one version of runs.csv, or None when it lacks either setting (or cannot tell)."""
     try:
-        sides = [select(frame, spec, claim.where) for spec in (claim.a, claim.b)]
+        sides = claim_sides(frame, claim, select)
     except (ValueError, KeyError):  # a ClaimsError (a ValueError): this version names none or several
         return None
     if any(s.empty for s in sides):

@@ -418,12 +418,16 @@ def setting_of_runs(runs: Any, metric: str, key: str, **fields: Any) -> Setting:
     return Setting(key=key, values=values, fingerprints=prints, intervals=intervals, **fields)
 
 
-def pairing_problem(a: Setting, b: Setting, seeds: Sequence[Any]) -> str | None:
+def pairing_problem(a: Setting, b: Setting, seeds: Sequence[Any], treatment: Sequence[str] = ()) -> str | None:
     """Why runs of `a` and `b` at the same seed must not be paired (a record that both have and that
-    differs), or None. A record one run lacks (written before it was kept) is not held against it."""
+    differs), or None. A record one run lacks (written before it was kept) is not held against it, nor one
+    named in `treatment` (a FINGERPRINT_NAMES value, e.g. "partitions": what the compared factor itself changes,
+    as iid against Dirichlet clients do; the seed then still pairs everything else)."""
     for s in seeds:
         fa, fb = a.fingerprints.get(s, {}), b.fingerprints.get(s, {})
         for name, what in FINGERPRINT_NAMES.items():
+            if what in treatment:
+                continue
             if fa.get(name) and fb.get(name) and fa[name] != fb[name]:
                 return f"seed {s}: the {what} differ ({fa[name][:10]} vs {fb[name][:10]}), so the runs are not paired"
     return None
