@@ -125,6 +125,63 @@ def test_unpaired_runs_are_not_decided(tmp_path):
     assert row["verdict"] == "unpaired" and "initial models differ" in row["note"]
 
 
+def _two_partitions() -> pd.DataFrame:
+    """FedAvg on iid and on Dirichlet 0.5 clients (the same group key: only the partition tells them apart), 4 seeds;
+    iid x0.8, each seed's partitions differ (their records), the initial models are shared."""
+    rows = []
+    for seed, b in enumerate([150.0, 120.0, 160.0, 140.0]):
+        for part, factor in (("iid", 0.8 * (1 + 0.01 * (seed % 2))), ("dirichlet:0.5", 1.0)):
+            rows.append({"dataset": "fmnist", "partition": part, "method": "fedavg", "baseline": False, "setting": "fedavg",
+                         "group_key": f"fedavg-{part}", "seed": seed, "cfg.rounds": 14, "init_sha256": f"init{seed}",
+                         "partition_sha256": f"{part}{seed}", "fd_fmnist": b * factor})
+    return pd.DataFrame(rows)
+
+
+PARTITION_CLAIM = """
+[[claim]]
+id = "iid"
+statement = "iid clients beat Dirichlet 0.5"
+a = "fedavg"
+b = "fedavg"
+expect = "better"
+a_where = { partition = "iid" }
+b_where = { "data.partition" = "dirichlet:0.5" }
+"""
+
+
+def test_a_claim_whose_sides_differ_in_partition_names_each_sides_own(tmp_path):
+    runs = _two_partitions()
+    # without the treatment the seed's runs are not paired: their partitions differ
+    row = C.decide(runs, C.load_claims(_claims(tmp_path, PARTITION_CLAIM)), "fd_fmnist").iloc[0]
+    assert row["verdict"] == "unpaired" and "partitions differ" in row["note"]
+    # the partition is what the claim compares: paired by seed despite it, decided as a paired t by hand
+    row = C.decide(runs, C.load_claims(_claims(tmp_path, PARTITION_CLAIM + 'treatment = ["partitions"]\n')), "fd_fmnist").iloc[0]
+    a = runs[runs["partition"] == "iid"].set_index("seed")["fd_fmnist"]
+    b = runs[runs["partition"] == "dirichlet:0.5"].set_index("seed")["fd_fmnist"]
+    assert row["seeds"] == 4 and row["estimate"] == pytest.approx(math.exp((np.log(a) - np.log(b)).mean()))
+    assert row["verdict"] == "better" and row["outcome"] == "holds"
+    # a treatment covers only what it names: initial models that differ still unpair the runs
+    other = runs.assign(init_sha256=runs["init_sha256"] + runs["partition"])
+    row = C.decide(other, C.load_claims(_claims(tmp_path, PARTITION_CLAIM + 'treatment = ["partitions"]\n')), "fd_fmnist").iloc[0]
+    assert row["verdict"] == "unpaired" and "initial models differ" in row["note"]
+    # without the sides' own partitions the one spec names two settings
+    both = PARTITION_CLAIM.replace('a_where = { partition = "iid" }\n', "")
+    with pytest.raises(C.ClaimsError, match="selects 2 settings"):
+        C.decide(runs, C.load_claims(_claims(tmp_path, both)), "fd_fmnist")
+    with pytest.raises(C.ClaimsError, match="treatment"):
+        C.load_claims(_claims(tmp_path, PARTITION_CLAIM + 'treatment = ["partition"]\n'))
+
+
+def test_a_sides_where_is_part_of_the_claims_registered_definition():
+    gone = P._definitions(PARTITION_CLAIM, "fd_fmnist")["iid"]
+    moved = P._definitions(PARTITION_CLAIM.replace('"iid" }', '"shards:2" }'), "fd_fmnist")["iid"]
+    treated = P._definitions(PARTITION_CLAIM + 'treatment = ["partitions"]\n', "fd_fmnist")["iid"]
+    assert len({gone, moved, treated}) == 3
+    # a claim without the new keys defines as before them (older claims files stay confirmatory)
+    plain = P._definitions(GOOD, "fd_fmnist")["C1"]
+    assert plain[-1] == ()
+
+
 def test_readme_block_is_quoted_and_a_stale_one_is_caught(tmp_path):
     study = tmp_path / "study"
     study.mkdir()
