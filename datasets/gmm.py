@@ -1,7 +1,7 @@
 """Ground-truth data: Gaussian mixtures whose score is known in closed form, named like any dataset.
 
-    gmm:fmnist8 | gmm:fmnist16 | gmm:fmnist28   [?rank=R&n=N&test=M&seed=S]
-    gmm:dimD                                      [?k=K&rank=R&sep=X&n=N&test=M&seed=S]   (2 <= D <= 64)
+    gmm:fmnist8 | gmm:fmnist16 | gmm:fmnist28   [?rank=R&n=N&test=M&seed=S&draws=J]
+    gmm:dimD                                      [?k=K&rank=R&sep=X&n=N&test=M&seed=S&draws=J]   (2 <= D <= 64)
 
 ``gmm:fmnistS`` is image-shaped, [1, S, S] (d = S*S = 64, 256, 784): ten components, one per
 Fashion-MNIST class, each fitted to that class's training images (resized to S x S with area
@@ -20,7 +20,9 @@ model preset).
 Both are a finite training set of ``n`` draws (default 60000 and 20000) and a fresh test set of
 ``test`` draws (default 10000), both from the mixture with generators seeded by the spec's ``seed``
 (default 0, the data's seed, not the run's: runs of several seeds train on the same data, as on a
-real dataset). Components play the role of classes (labels are the components drawn), so label
+real dataset). ``draws`` (default 0) draws another training and test set from the same mixture: J > 0 gives
+draws independent of J = 0's (a disjoint "public" split to pretrain on, issue 63); J = 0 is left out of the
+canonical spec, so the specs written before the option name the same data. Components play the role of classes (labels are the components drawn), so label
 skew is component skew and every partitioner works unchanged. The data stay float32 in the
 model's space end to end: no uint8 quantization, no clamping to a pixel range (either would change
 the distribution whose score is known).
@@ -49,10 +51,10 @@ __all__ = ["GMM_KIND", "GmmSpec", "SYNTAX", "canonical", "gmm_data_info", "gmm_s
 GMM_KIND = "gmm"
 FITTED_SIDES = (8, 16, 28)
 DIM_RANGE = (2, 64)
-SYNTAX = ("gmm:fmnistS[?rank=R&n=N&test=M&seed=S] with S in 8, 16, 28 (Fashion-MNIST-fitted, image-shaped), or "
-          "gmm:dimD[?k=K&rank=R&sep=X&n=N&test=M&seed=S] with 2 <= D <= 64 (low-dimensional)")
-_FITTED_DEFAULTS = {"rank": 8, "n": 60000, "test": 10000, "seed": 0}
-_DIM_DEFAULTS = {"k": 8, "rank": 2, "sep": 4.0, "n": 20000, "test": 10000, "seed": 0}
+SYNTAX = ("gmm:fmnistS[?rank=R&n=N&test=M&seed=S&draws=J] with S in 8, 16, 28 (Fashion-MNIST-fitted, image-shaped), or "
+          "gmm:dimD[?k=K&rank=R&sep=X&n=N&test=M&seed=S&draws=J] with 2 <= D <= 64 (low-dimensional)")
+_FITTED_DEFAULTS = {"rank": 8, "n": 60000, "test": 10000, "seed": 0, "draws": 0}
+_DIM_DEFAULTS = {"k": 8, "rank": 2, "sep": 4.0, "n": 20000, "test": 10000, "seed": 0, "draws": 0}
 _DIM_ISO = 0.05  # isotropic variance of the low-dimensional components
 _MAX_DRAWS = 1_000_000
 
@@ -83,7 +85,9 @@ class GmmSpec:
         """The canonical spec: every option, in a fixed order."""
         def fmt(v: Any) -> str:
             return repr(float(v)) if isinstance(v, float) else str(v)
-        return f"{GMM_KIND}:{self.family}{self.size}?" + "&".join(f"{k}={fmt(v)}" for k, v in self.options)
+        # draws=0 (the data's own draws) is left out: the specs written before the option stay as they were
+        return f"{GMM_KIND}:{self.family}{self.size}?" + "&".join(f"{k}={fmt(v)}" for k, v in self.options
+                                                                   if not (k == "draws" and v == 0))
 
     @property
     def short(self) -> str:
@@ -137,6 +141,7 @@ def parse_gmm(name: str) -> GmmSpec:
     if "rank" not in given:
         opts["rank"] = min(opts["rank"], dim - 1)
     limits = {"rank": (0, dim - 1), "n": (2, _MAX_DRAWS), "test": (2, _MAX_DRAWS), "seed": (0, 2**31 - 1),
+              "draws": (0, 2**31 - 1),
               "k": (1, 100), "sep": (0.0, 100.0)}
     for key, value in opts.items():
         lo, hi = limits[key]
@@ -243,7 +248,8 @@ def _split(text: str, split: str, fmnist: Loader) -> GmmSplit:
     spec = parse_gmm(text)
     mix = mixture(text, fmnist)
     n = int(spec.option("n" if split == "train" else "test"))
-    gen = torch.Generator().manual_seed(_seed(spec, "draws", split))
+    j = int(spec.option("draws"))  # 0: the data's own draws (seeded as before the option existed)
+    gen = torch.Generator().manual_seed(_seed(spec, "draws", split, *([j] if j else [])))
     x, comp = mix.sample(n, gen)
     images = x.float().reshape(n, *spec.shape).numpy()
     labels = comp.numpy().astype(np.int64)

@@ -121,3 +121,22 @@ def test_to_model_space_maps_pixels_and_passes_floats_unchanged_in_a_copy():
     # assert: the pixel rule of every image path, and no clamping or quantization of float data
     assert torch.equal(a, pixels.float() / 127.5 - 1.0)
     assert torch.equal(b, floats) and b.data_ptr() != floats.data_ptr()
+
+
+def test_another_draws_index_is_the_same_mixture_with_other_samples_and_draws_0_keeps_the_old_spec():
+    # execute
+    spec = "gmm:dim4?n=400&test=100&k=3"
+    own, public = datasets.load(spec, "train"), datasets.load(spec + "&draws=1", "train")
+    again = datasets.load(spec + "&draws=0", "train")
+    # assert: draws=0 is the spec as it was (its canonical form leaves the option out), so no run id moves
+    assert datasets.gmm_canonical(spec + "&draws=0") == datasets.gmm_canonical(spec)
+    assert "draws" not in datasets.gmm_canonical("gmm:dim8") and "draws" not in datasets.gmm_canonical("gmm:fmnist8")
+    assert datasets.gmm_canonical(spec + "&draws=1").endswith("&draws=1")
+    assert torch.equal(own.images, again.images)
+    # another index: the same mixture (its parameters unchanged), draws that share no sample with the default's
+    assert torch.equal(datasets.mixture(spec).means, datasets.mixture(spec + "&draws=1").means)
+    assert public.sha256 != own.sha256
+    dist = torch.cdist(public.images.reshape(400, -1).double(), own.images.reshape(400, -1).double())
+    assert float(dist.min()) > 0
+    with pytest.raises(datasets.DatasetError, match="draws"):
+        datasets.gmm_canonical(spec + "&draws=-1")
