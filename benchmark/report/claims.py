@@ -217,7 +217,10 @@ def select(runs: pd.DataFrame, spec: str, where: Mapping[str, Any]) -> pd.DataFr
         if col not in rows:
             raise ClaimsError(f"where {key} = {wanted!r}: no run records {key}; the runs' keys: "
                               f"{', '.join(sorted(c for c in runs.columns if c.startswith('cfg.')))}")
-        rows = rows.loc[np.array([matching.same(v, wanted) for v in rows[col]], dtype=bool)]
+        # a value the table leaves empty (a field at its empty default, e.g. train.init_sha256 = "" for a run that
+        # starts from scratch) matches an empty wanted value
+        rows = rows.loc[np.array([matching.same("" if v is None or (isinstance(v, float) and math.isnan(v)) else v, wanted)
+                                  for v in rows[col]], dtype=bool)]
     groups = rows["group_key"].unique()
     if len(groups) == 0:
         return rows  # no runs of it (yet): the claim stays undecided, saying so
