@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo bench-proxy-validity data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo bench-proxy-validity bench-bound data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,12 @@ bench-proxy-validity: $(VENV)/.installed data-fmnist ## the proxy-validity study
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/proxy-validity/proxy-validity.toml --workers $(CPU_WORKERS) --out results/proxy-validity/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/proxy-validity/runs --out results/proxy-validity && \
 	$(BIN)/python results/proxy-validity/analyze.py && $(BIN)/python results/proxy-validity/kid_norm.py && exit $$status
+
+# issue 62: the seed paper's bound against the exact error, every seed claim re-decided (results/bound/)
+bench-bound: $(VENV)/.installed ## the bound study (issue 62): Qiao et al.'s bound against the exact error, one factor at a time on gmm:dim4, every seed claim re-decided (138 cells; about 80 min on 2 cores), page in results/bound/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/bound/bound.toml --workers $(CPU_WORKERS) --out results/bound/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/bound/runs --out results/bound --claims results/bound/bound.claims.toml && \
+	$(BIN)/python results/bound/analyze.py && $(BIN)/python results/bound/seed_claims.py && exit $$status
 
 # Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
 # path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.

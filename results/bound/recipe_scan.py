@@ -2,12 +2,13 @@
 low-dimensional ground truth reaches the plateau rule (5 % a doubling, checks from round 8) soonest in wall time.
 Prints one line per setting: dataset, lr, local steps, EMA, wall seconds, rounds, reached, the checks' score_kl.
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python results/bound/recipe_scan.py > results/bound/recipe_scan.txt
+Run: OMP_NUM_THREADS=1 .venv/bin/python results/bound/recipe_scan.py "{SETTING}" "{SETTING}" ... (recipe_scan.txt: the lines it printed)
 (two settings at a time, one torch thread each; the run folders go to a temporary directory)
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 import tempfile
@@ -38,7 +39,7 @@ def one(over: dict) -> str:
 
 
 def main() -> None:
-    grid = [dict(x) for x in (sys.argv[1:] and [eval(a) for a in sys.argv[1:]] or [])]
+    grid = [dict(ast.literal_eval(a)) for a in sys.argv[1:]]  # each argument a dict literal of config overrides
     with ProcessPoolExecutor(2) as pool:
         for line in pool.map(one, grid):
             print(line, flush=True)

@@ -41,6 +41,8 @@ INTERNAL: dict[str, str] = {
     "results/gt-demo/scatter.py": "reads the runs' records and float samples (report.run_records)",
     "results/gt-demo/speed.py": "trains one cell per preset and times it (engine.lifecycle)",
     "results/gt-demo/width_scan.py": "trains the width scan's cells (engine.lifecycle)",
+    "results/start-points/ddim_terminal.py": "samples a pretrained DDPM network with DDIM from two first steps and "
+                                             "through the velocity conversion (engine.diffusion, engine.model)",
     "results/proxy-validity/kid_norm.py": "recomputes KID from the classifier's features at equalised norms (metrics.features, "
                                           "metrics.fid)",
     "results/metric-calibration/eval_cost.py": "times each part of a run's evaluation (engine)",
