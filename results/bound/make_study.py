@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SEEDS = [401, 402, 403, 404]  # used by no other study and by no selection (the recipe scan used 97)
+SEEDS = [401, 402, 403, 404]  # registered with the claims; used by no other study and by no selection (the scan used 97)
+# the seeds the grid runs: 404 was dropped ten minutes into the grid, before most of its cells ran, when the first cells
+# ran at about half the planned speed (the grid would have taken well over the 80 min planned on 2 cores; its 3 finished runs were removed)
+RUN_SEEDS = SEEDS[:3]
 DATA = "gmm:dim4"
 BASE = {  # the base setting: one factor at a time moves from here
     "train.amp": "off", "data.dataset": DATA, "data.partition": "dirichlet:0.5", "data.clients": 10,
@@ -196,13 +199,13 @@ def main() -> None:
     a = p.parse_args()
     if a.smoke:
         a.smoke.mkdir(parents=True, exist_ok=True)
-        (a.smoke / "bound.toml").write_text(grid_text(SEEDS[:2], smoke=True))
+        (a.smoke / "bound.toml").write_text(grid_text(RUN_SEEDS[:2], smoke=True))
         text = claims_text().replace("preregistered = true", "preregistered = false")
         for r, small in ((64, 1), (128, 2), (256, 4)):
             text = text.replace(f"train.rounds={r}", f"train.rounds={small}").replace(f'"train.rounds" = {r}', f'"train.rounds" = {small}')
         (a.smoke / "bound.claims.toml").write_text(text)
         return
-    (HERE / "bound.toml").write_text(grid_text(SEEDS, smoke=False))
+    (HERE / "bound.toml").write_text(grid_text(RUN_SEEDS, smoke=False))
     (HERE / "bound.claims.toml").write_text(claims_text())
 
 
