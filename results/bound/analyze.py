@@ -7,6 +7,9 @@ make_study.py's tables (method spec + the factors that differ from BASE), and wr
   regression.md/.csv     score_kl on the terms (log-linear, linear OLS, linear NNLS: R^2, 95 % bootstrap intervals,
                          sign against the bound's +), and the log-log slope on each single factor in its family
   bound_vs_measured.png  the fitted bound (averaged reading), and the literal term sum, against score_kl
+  terms.md               the bound term by term: what it predicts, the registered claims' paired estimates and
+                         verdicts (claims.csv, written by the report), the one-factor slope, what the data say
+                         (quoted by docs/diagnostics.md and this study's README)
   factors.md             per family and setting: mean score_kl / frechet_exact with 95 % t-intervals over seeds,
                          the bound's ratio to the base's, and what make_study.py's CLAIMS predict
 
@@ -366,6 +369,59 @@ def plot(runs: pd.DataFrame, fits: dict, out: Path) -> None:
     plt.close(fig)
 
 
+# the bound's factors in the order of docs/diagnostics.md: (factor, [(claim, the bound's sign for A against B: +1 A worse,
+# -1 A better, 0 no prediction)], the slope's term in regression.csv or "", what the bound predicts). The signs are the
+# bound's own, read from the seed text (README: "the predictions"), not the claim's source: FedRolex's and top-k's
+# claims come from their papers, and the bound predicts FedRolex worse (its Gamma*: 0 recorded, rate^2 N averaged,
+# against HeteroFL's N) and top-k better (at equal Gamma_bar its w2, norm-weighted, is the smaller).
+TERM_ROWS = [
+    ("w² (pruning extent)", [("w2-0.75", 1), ("w2-0.5", 1), ("w2-0.25", 1)], "w2", "more pruning is worse"),
+    ("Γ* (coverage)", [("gamma-balanced", -1), ("fedrolex", 1)], "1/G_bar",
+     "higher Γ* is better: balanced over random masks, HeteroFL over FedRolex; literally infinite at Γ* = 0 (random "
+     "and top-k masks, FedRolex)"),
+    ("w² at equal Γ̄: top-k against random masks", [("qiao-topk-0.75", -1), ("qiao-topk-0.5", -1), ("qiao-topk-0.25", -1)],
+     "", "top-k better (its w², weighted by the weights' norm, is far smaller); the literal reading cannot rank them"),
+    ("σ₂² (dispersion between clients)", [("sigma2-iid", -1), ("sigma2-0.1", 1)], "s2", "more label skew is worse"),
+    ("η (learning rate)", [("eta-0.003", -1), ("eta-0.03", 1)], "eta", "a smaller learning rate is better"),
+    ("S (local steps)", [("S-3", -1), ("S-30", 1)], "S", "literal: fewer local steps are better"),
+    ("R (rounds)", [("R-64", -1), ("R-128", -1)], "R", "literal: fewer rounds are better"),
+    ("N (clients, full participation)", [("N-20", -1), ("N-5", 1)], "N", "more clients are better (the η² term)"),
+    ("d (dimension)", [("d-2", -1), ("d-8", 1), ("d-16", 1)], "d", "linear in d"),
+    ("K (sampler steps), on frechet_exact", [("K-200", -1), ("K-10", 1)], "", "more steps are better"),
+]
+
+
+def write_terms(reg: pd.DataFrame, claims_csv: Path, out: Path) -> None:
+    """terms.md: per factor of the bound, the registered claims (as the report decided them) beside the one-factor
+    slope, and whether the measured direction is the one the bound predicts."""
+    if not claims_csv.is_file():
+        print(f"analyze.py: no {claims_csv} (run dfbench report --claims first): terms.md not written")
+        return
+    claims = pd.read_csv(claims_csv).set_index("id")
+    slopes = reg[reg["kind"] == "slope"].set_index("term")
+    lines = ["| factor | the bound predicts | claims (A / B [95 % CI], verdict after Holm) | one-factor slope of log score_kl "
+             "[95 % CI] | measured against the bound |", "|---|---|---|---|---|"]
+    for factor, pairs, term, predicted in TERM_ROWS:
+        cells, signs = [], []
+        for cid, sign in pairs:
+            c = claims.loc[cid]
+            cells.append(f"{cid}: ×{c['estimate']:.3g} [{c['low']:.3g}, {c['high']:.3g}], {c['verdict']}")
+            if sign and (c["low"] > 1 or c["high"] < 1):  # the interval excludes no difference (before Holm)
+                signs.append("as predicted" if (c["low"] > 1) == (sign > 0) else "opposite")
+        slope = ""
+        if term and term in slopes.index:
+            r = slopes.loc[term]
+            slope = f"{r['estimate']:+.3g} [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] (predicted {r['predicted']})"
+        direction = (", ".join(sorted(set(signs))) + f" ({len(signs)} of {len(pairs)} intervals exclude 1)") if signs \
+            else f"undecided (no interval of the {len(pairs)} excludes 1)"
+        lines.append(f"| {factor} | {predicted} | {'; '.join(cells)} | {slope} | {direction} |")
+    lines += ["", "Claims: `claims.csv` (score_kl unless the factor says otherwise; paired by seed, the verdict after "
+              "Holm over the study's claims). Slopes: `regression.csv` (the interval resamples runs within each setting). "
+              "Measured against the bound: from each claim's unadjusted 95 % interval, so it can be decided where the "
+              "Holm-adjusted verdict is not; the bound's sign for each claim is analyze.py's TERM_ROWS."]
+    (out / "terms.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, default=HERE / "runs", help="the study's run folders (default: runs/ here)")
@@ -382,6 +438,7 @@ def main() -> None:
     reg, fits, excluded = regressions(fitted)
     write_regression(reg, excluded, fitted, a.out)
     write_factors(runs, a.out)
+    write_terms(reg, a.out / "claims.csv", a.out)
     plot(fitted, fits, a.out)
     print((a.out / "regression.md").read_text())
 
