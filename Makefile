@@ -10,7 +10,7 @@ DEVICE ?= cpu
 CPU_WORKERS ?= 2  # grid worker processes of demo and bench-paper-fmnist, one torch thread each
 GRID_ARGS ?=  # extra `dfbench grid` flags, e.g. GRID_ARGS="--shard 0/4 --retry-failed"
 
-.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo bench-proxy-validity bench-bound bench-start-points data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
+.PHONY: help install test test-fast test-unit test-runs test-results demo gt-demo bench-proxy-validity bench-bound bench-start-points bench-start-points-fmnist data-fmnist leaderboard bench-full bench-paper bench-paper-fmnist bench-paper-fmnist-budget bench-paper-fmnist-rules bench-paper-fmnist-rule-losses bench-cpu-aggregation bench-cpu-aggregation-tune bench-cpu-recipe bench-cpu-stragglers bench-cpu-compression bench-cpu-privacy bench-confirmatory bench-confirmatory-2 bench-confirmatory-2-followup bench-confirmatory-3 bench-cpu-experts bench-cpu-bf16 bench-cpu-submodels bench-run-speed bench-metric-calibration bench-comm bench-experts bench-cifar10-gpu bench-cifar10-gpu-plan perf bench-flower bench-submodel-speed gpu-check clean-demo
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_ -]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -86,6 +86,11 @@ bench-start-points: $(VENV)/.installed ## the start-points study (issue 63): fed
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points/start-points.toml --workers $(CPU_WORKERS) --out results/start-points/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/start-points/runs --out results/start-points --claims results/start-points/start-points.claims.toml && \
 	OMP_NUM_THREADS=1 $(BIN)/python results/start-points/ddim_terminal.py && exit $$status
+
+bench-start-points-fmnist: $(VENV)/.installed data-fmnist ## its Fashion-MNIST half: FedAvg (flow matching) from scratch and from a converted DDPM network, paper-fmnist's recipe, 3 seeds (1 + 7 cells; about 15 min on 2 cores), page in results/start-points-fmnist/
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points-fmnist/pretrain.toml --workers 1 --out results/start-points-fmnist/pretrain --device $(DEVICE) && \
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points-fmnist/start-points-fmnist.toml --workers $(CPU_WORKERS) --out results/start-points-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
+	$(BIN)/dfbench report --runs results/start-points-fmnist/runs --out results/start-points-fmnist --claims results/start-points-fmnist/start-points-fmnist.claims.toml && exit $$status
 
 # Fashion-MNIST (the demo's and the tests' data): found where dfbench looks (DFBENCH_DATA, the system
 # path, the fetch cache), else the Debian package where apt-get can install it, else one line saying how.
