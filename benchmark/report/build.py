@@ -153,6 +153,8 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
 RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
                "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb",
                "client_images",  # client work: the claims' budget check (claims.decide)
+               # the plateau rule's outcome (runs that used it): the budget column's "not converged" (report.budget)
+               "rounds_done", "plateau_reached", "plateau_gain",
                "started_epoch", "started_how"]  # the last two only with a claims file (preregistration.with_starts)
 
 

@@ -179,3 +179,16 @@ def test_the_docs_number_check_catches_a_typo_and_an_unsourced_number(tmp_path):
     (tmp_path / "CHANGES.md").write_text("Faster by 12.5 %.\n", encoding="utf-8")
     assert docs_numbers_missing('<!-- numbers: from r.csv -->\n--8<-- "CHANGES.md"\n', tmp_path) == (["12.5"], [])
     assert docs_numbers_missing("Quoted, not declared: `<!-- numbers: from r.csv -->` 144.7\n", tmp_path) == (["144.7"], [])
+
+
+@pytest.mark.parametrize("study", [r.parent for r in READMES if (r.parent / "runs.csv").is_file()], ids=lambda p: p.name)
+def test_a_study_that_ran_the_plateau_rule_keeps_its_outcome_in_runs_csv(study):
+    """The claims decided again from runs.csv (scripts/claims.py, the README check above) say what the report said
+    from the run folders: where a run used the plateau rule, its outcome (plateau_reached, plateau_gain, rounds_done)
+    is in runs.csv, so a claim's budget column can say "not converged" without the run folders."""
+    runs = pd.read_csv(study / "runs.csv")
+    used = pd.to_numeric(runs.get("cfg.plateau", pd.Series(dtype=float)), errors="coerce").fillna(0).gt(0)
+    if used.any():
+        missing = [c for c in ("rounds_done", "plateau_reached", "plateau_gain") if c not in runs]
+        assert not missing, f"{study.name}: runs.csv lacks {missing}; regenerate it with dfbench report"
+        assert runs.loc[used, "plateau_reached"].notna().all()
