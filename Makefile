@@ -75,19 +75,19 @@ bench-proxy-validity: $(VENV)/.installed data-fmnist ## the proxy-validity study
 	$(BIN)/python results/proxy-validity/analyze.py && $(BIN)/python results/proxy-validity/kid_norm.py && exit $$status
 
 # issue 62: the seed paper's bound against the exact error, every seed claim re-decided (results/bound/)
-bench-bound: $(VENV)/.installed ## the bound study (issue 62): Qiao et al.'s bound against the exact error, one factor at a time on gmm:dim4, every seed claim re-decided (138 cells; about 80 min on 2 cores), page in results/bound/
+bench-bound: $(VENV)/.installed ## the bound study (issue 62): Qiao et al.'s bound against the exact error, one factor at a time on gmm:dim4, every seed claim re-decided (104 cells; about 35 min on 2 cores), page in results/bound/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/bound/bound.toml --workers $(CPU_WORKERS) --out results/bound/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/bound/runs --out results/bound --claims results/bound/bound.claims.toml && \
 	$(BIN)/python results/bound/analyze.py && $(BIN)/python results/bound/seed_claims.py && exit $$status
 
 # issue 63 point 3: what a start from trained weights buys (results/start-points/)
-bench-start-points: $(VENV)/.installed ## the start-points study (issue 63): federated flow matching on gmm:dim4 from scratch, from a converted DDPM network and from a network pretrained on a public split (2 + 60 cells; about 15 min on 2 cores), page in results/start-points/
+bench-start-points: $(VENV)/.installed ## the start-points study (issue 63): federated flow matching on gmm:dim4 from scratch, from a converted DDPM network and from a network pretrained on a public split (2 + 60 cells; about 8 min on 2 cores), page in results/start-points/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points/pretrain.toml --workers $(CPU_WORKERS) --out results/start-points/pretrain --device $(DEVICE) && \
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points/start-points.toml --workers $(CPU_WORKERS) --out results/start-points/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/start-points/runs --out results/start-points --claims results/start-points/start-points.claims.toml && \
 	OMP_NUM_THREADS=1 $(BIN)/python results/start-points/ddim_terminal.py && exit $$status
 
-bench-start-points-fmnist: $(VENV)/.installed data-fmnist ## its Fashion-MNIST half: FedAvg (flow matching) from scratch and from a converted DDPM network, paper-fmnist's recipe, 3 seeds (1 + 7 cells; about 15 min on 2 cores), page in results/start-points-fmnist/
+bench-start-points-fmnist: $(VENV)/.installed data-fmnist ## its Fashion-MNIST half: FedAvg (flow matching) from scratch and from a converted DDPM network, paper-fmnist's recipe, 3 seeds (1 + 7 cells; about 17 min on 2 cores), page in results/start-points-fmnist/
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points-fmnist/pretrain.toml --workers 1 --out results/start-points-fmnist/pretrain --device $(DEVICE) && \
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/dfbench grid results/start-points-fmnist/start-points-fmnist.toml --workers $(CPU_WORKERS) --out results/start-points-fmnist/runs --device $(DEVICE) $(GRID_ARGS); status=$$?; \
 	$(BIN)/dfbench report --runs results/start-points-fmnist/runs --out results/start-points-fmnist --claims results/start-points-fmnist/start-points-fmnist.claims.toml && exit $$status
