@@ -184,7 +184,8 @@ def load_claims(path: str | Path) -> list[Claim]:
                             expect=str(c["expect"]), metric=c.get("metric", metric), margin=float(m),
                             bound=float(c["bound"]) if "bound" in c else None, source=str(c.get("source", "")),
                             where=dict(c.get("where", {})), a_where=dict(c.get("a_where", {})),
-                            b_where=dict(c.get("b_where", {})), treatment=tuple(c.get("treatment", [])), confound=str(c.get("confound", "")).strip()))
+                            b_where=dict(c.get("b_where", {})), treatment=tuple(c.get("treatment", [])),
+                            confound=str(c.get("confound", "")).strip()))
     if not claims:
         raise ClaimsError(f"{path}: no [[claim]] table")
     return claims

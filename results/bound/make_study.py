@@ -159,11 +159,6 @@ def grid_text(seeds: list[int], smoke: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spec_of(name: str) -> str:
-    method, over = SETTINGS[name]
-    return method
-
-
 def claims_text() -> str:
     lines = ["# The bound study's claims (issue 62), committed with its grid before any run; written by make_study.py.",
              "# Each compares two settings that differ in one factor (where pins the others at the base), paired by seed",
