@@ -150,11 +150,15 @@ def build_report(runs_dir: str | Path, out_dir: str | Path, target: tuple[str, f
     return written
 
 
+# the plateau rule's outcome: the claims' budget column says "not converged" from them (report.budget). Written only
+# when a run used the rule, so the runs.csv of a study that did not stays as it was
+PLATEAU_COLUMNS = ("rounds_done", "plateau_reached", "plateau_gain")
+
+
 RUN_COLUMNS = ["dataset", "partition", "method", "params", "setting", "baseline", "seed", "run_id", "group_key",
                "partition_sha256", "init_sha256", "eval_noise_sha256", "num_parameters", "wall_seconds", "uplink_mb",
                "client_images",  # client work: the claims' budget check (claims.decide)
-               # the plateau rule's outcome (runs that used it): the budget column's "not converged" (report.budget)
-               "rounds_done", "plateau_reached", "plateau_gain",
+               *PLATEAU_COLUMNS,  # only where a run used the plateau rule (write_runs_csv)
                "started_epoch", "started_how"]  # the last two only with a claims file (preregistration.with_starts)
 
 
@@ -163,9 +167,10 @@ def write_runs_csv(runs: pd.DataFrame, metrics: Sequence[str], path: Path) -> Pa
     evaluation noises), hyperparameters, config and every metric (with the run's own interval), so the
     verdicts and claims of a committed study can be decided again without its run folders."""
     if runs.empty:
-        pd.DataFrame(columns=RUN_COLUMNS).to_csv(path, index=False)
+        pd.DataFrame(columns=[c for c in RUN_COLUMNS if c not in PLATEAU_COLUMNS]).to_csv(path, index=False)
         return path
-    cols = [c for c in RUN_COLUMNS if c in runs]
+    ruled = "plateau_reached" in runs and runs["plateau_reached"].notna().any()
+    cols = [c for c in RUN_COLUMNS if c in runs and (ruled or c not in PLATEAU_COLUMNS)]
     cols += sorted(c for c in runs.columns if c.startswith("param.")) + sorted(c for c in runs.columns if c.startswith("cfg."))
     cols += [c for m in metrics for c in (m, f"{m}__lo", f"{m}__hi") if c in runs]
     runs[cols].sort_values(["dataset", "partition", "setting", "seed"], kind="stable").to_csv(path, index=False)

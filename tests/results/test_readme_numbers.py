@@ -192,3 +192,5 @@ def test_a_study_that_ran_the_plateau_rule_keeps_its_outcome_in_runs_csv(study):
         missing = [c for c in ("rounds_done", "plateau_reached", "plateau_gain") if c not in runs]
         assert not missing, f"{study.name}: runs.csv lacks {missing}; regenerate it with dfbench report"
         assert runs.loc[used, "plateau_reached"].notna().all()
+    else:  # a study that never ran the rule keeps the runs.csv it had (build.PLATEAU_COLUMNS only where a run used it)
+        assert not {"plateau_reached", "plateau_gain", "rounds_done"} & set(runs.columns), study.name
